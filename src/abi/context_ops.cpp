@@ -1,0 +1,173 @@
+#include "abi/context_ops.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <type_traits>
+
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+
+extern "C" int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr);
+
+namespace softverbs::abi {
+
+namespace {
+
+// A typed "not supported" for any op slot: pointer results are NULL with errno EOPNOTSUPP,
+// int results EOPNOTSUPP, void results nothing.
+template <typename Fn>
+struct Unsupported;
+template <typename R, typename... A>
+struct Unsupported<R (*)(A...)> {
+  static R fn(A...) {
+    if constexpr (std::is_pointer_v<R>) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    } else if constexpr (std::is_void_v<R>) {
+      return;
+    } else {
+      errno = EOPNOTSUPP;
+      return static_cast<R>(EOPNOTSUPP);
+    }
+  }
+};
+template <typename Slot>
+void unsupported(Slot& slot) {
+  slot = &Unsupported<Slot>::fn;
+}
+
+int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) { return poll_cq(reinterpret_cast<Cq*>(cq), n, wc); }
+
+int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
+  Cq* c = Cq::from(cq);
+  return c ? req_notify_cq(c, solicited_only) : EINVAL;
+}
+
+int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  Qp* q = Qp::from(qp);
+  if (!q) {
+    if (bad) *bad = wr;
+    return EINVAL;
+  }
+  return post_send(q, wr, bad);
+}
+
+int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  Qp* q = Qp::from(qp);
+  if (!q) {
+    if (bad) *bad = wr;
+    return EINVAL;
+  }
+  return post_recv(q, wr, bad);
+}
+
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  Srq* s = Srq::from(srq);
+  if (!s) {
+    if (bad) *bad = wr;
+    return EINVAL;
+  }
+  return post_srq_recv(s, wr, bad);
+}
+
+int op_query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t len) {
+  if (port < 1 || port > kPortCount || !attr) return EINVAL;
+  ibv_port_attr full;
+  Device::instance().fill_port_attr(&full);
+  std::memcpy(attr, &full, std::min(len, sizeof(full)));
+  return 0;
+}
+
+int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                       ibv_device_attr_ex* attr, size_t attr_size) {
+  if (input && input->comp_mask) return EINVAL;
+  if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  ibv_device_attr_ex full{};
+  Device::instance().fill_device_attr(&full.orig_attr);
+  full.phys_port_cnt_ex = kPortCount;
+  std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
+  return 0;
+}
+
+}  // namespace
+
+void fill_context_ops(Context* ctx) {
+  ibv_context_ops& ops = ctx->ibv()->ops;
+  verbs_context& v = ctx->vctx;
+
+  ops._compat_query_device = &ibv_query_device;
+  ops._compat_query_port = &ibv_query_port;
+  unsupported(ops._compat_alloc_pd);
+  unsupported(ops._compat_dealloc_pd);
+  unsupported(ops._compat_reg_mr);
+  unsupported(ops._compat_rereg_mr);
+  unsupported(ops._compat_dereg_mr);
+  unsupported(ops.alloc_mw);
+  unsupported(ops.bind_mw);
+  unsupported(ops.dealloc_mw);
+  unsupported(ops._compat_create_cq);
+  ops.poll_cq = &op_poll_cq;
+  ops.req_notify_cq = &op_req_notify_cq;
+  unsupported(ops._compat_cq_event);
+  unsupported(ops._compat_resize_cq);
+  unsupported(ops._compat_destroy_cq);
+  unsupported(ops._compat_create_srq);
+  unsupported(ops._compat_modify_srq);
+  unsupported(ops._compat_query_srq);
+  unsupported(ops._compat_destroy_srq);
+  ops.post_srq_recv = &op_post_srq_recv;
+  unsupported(ops._compat_create_qp);
+  unsupported(ops._compat_query_qp);
+  unsupported(ops._compat_modify_qp);
+  unsupported(ops._compat_destroy_qp);
+  ops.post_send = &op_post_send;
+  ops.post_recv = &op_post_recv;
+  unsupported(ops._compat_create_ah);
+  unsupported(ops._compat_destroy_ah);
+  unsupported(ops._compat_attach_mcast);
+  unsupported(ops._compat_detach_mcast);
+  unsupported(ops._compat_async_event);
+
+  v.query_port = &op_query_port;
+  unsupported(v.advise_mr);
+  unsupported(v.alloc_null_mr);
+  unsupported(v.read_counters);
+  unsupported(v.attach_counters_point_flow);
+  unsupported(v.create_counters);
+  unsupported(v.destroy_counters);
+  unsupported(v.reg_dm_mr);
+  unsupported(v.alloc_dm);
+  unsupported(v.free_dm);
+  unsupported(v.modify_flow_action_esp);
+  unsupported(v.destroy_flow_action);
+  unsupported(v.create_flow_action_esp);
+  unsupported(v.modify_qp_rate_limit);
+  unsupported(v.alloc_parent_domain);
+  unsupported(v.dealloc_td);
+  unsupported(v.alloc_td);
+  unsupported(v.modify_cq);
+  unsupported(v.post_srq_ops);
+  unsupported(v.destroy_rwq_ind_table);
+  unsupported(v.create_rwq_ind_table);
+  unsupported(v.destroy_wq);
+  unsupported(v.modify_wq);
+  unsupported(v.create_wq);
+  unsupported(v.query_rt_values);
+  unsupported(v.create_cq_ex);
+  v.priv = nullptr;
+  v.query_device_ex = &op_query_device_ex;
+  unsupported(v.ibv_destroy_flow);
+  unsupported(v.ibv_create_flow);
+  // Binaries built against libibverbs 1.1.8 call the flow verbs through these two slots.
+  v.ABI_placeholder1 = reinterpret_cast<void (*)()>(v.ibv_create_flow);
+  v.ABI_placeholder2 = reinterpret_cast<void (*)()>(v.ibv_destroy_flow);
+  unsupported(v.open_qp);
+  unsupported(v.create_qp_ex);
+  unsupported(v.get_srq_num);
+  unsupported(v.create_srq_ex);
+  unsupported(v.open_xrcd);
+  unsupported(v.close_xrcd);
+  v.sz = sizeof(verbs_context);
+}
+
+}  // namespace softverbs::abi

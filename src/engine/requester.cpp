@@ -1,0 +1,220 @@
+// Requester and completer: runs the send queue, retries, completes and flushes send WQEs.
+#include <mutex>
+#include <shared_mutex>
+
+#include "engine/engine.hpp"
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+#include "wire/transport.hpp"
+
+namespace softverbs::engine {
+
+namespace {
+
+// IBA min_rnr_timer encoding (table 45), in microseconds; code 0 means 655.36 ms.
+constexpr uint32_t kRnrDelayUs[32] = {
+    655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,   320,
+    480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240, 15360,
+    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+// Local ACK timeout: 4.096 us * 2^timeout; 0 means "infinite" — we then retry every
+// 100 ms without ever giving up, which is what a peer that never answers looks like.
+Clock::duration ack_timeout(uint8_t timeout) {
+  if (timeout == 0) return std::chrono::milliseconds(100);
+  return std::chrono::nanoseconds(4096ull << std::min<uint8_t>(timeout, 31));
+}
+
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+bool writes_local(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// Executes the head WQE once: resolves the local buffers, finds the target, lets the
+// responder act. The key table stays read-locked so no MR involved can go away meanwhile.
+Outcome execute(Qp* qp, const SendWqe& w) {
+  std::shared_lock keys(MrTable::instance().lock());
+  iovec local[Limits::max_sge + 1];
+  int nlocal = 0;
+  if (!w.inline_data.empty()) {
+    local[nlocal++] = {const_cast<uint8_t*>(w.inline_data.data()), w.inline_data.size()};
+  } else {
+    unsigned need = writes_local(w.opcode) ? IBV_ACCESS_LOCAL_WRITE : 0;
+    for (const Sge& s : w.sges) {
+      if (s.length == 0) continue;
+      if (!resolve_sge(qp->pd, s.lkey, s.addr, s.length, need, &local[nlocal]))
+        return {Outcome::Error, IBV_WC_LOC_PROT_ERR};
+      ++nlocal;
+    }
+  }
+  if (w.total_length > kMaxMsgSize) return {Outcome::Error, IBV_WC_LOC_LEN_ERR};
+
+  ibv_gid dgid;
+  uint32_t dqpn;
+  if (qp->type == IBV_QPT_UD) {
+    if (w.total_length > 4096) return {Outcome::Error, IBV_WC_LOC_LEN_ERR};
+    dgid = w.dgid;
+    dqpn = w.remote_qpn;
+  } else {
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    dgid = qp->attr.ah_attr.grh.dgid;
+    dqpn = qp->attr.dest_qp_num;
+  }
+  wire::QpRef target = wire::transport().find_qp(dgid, dqpn);
+  if (!target)  // nobody answers: RC retries, UC/UD packets are simply lost
+    return {qp->type == IBV_QPT_RC ? Outcome::NoResponse : Outcome::Ack};
+  return respond(qp, target.get(), w, local, nlocal, w.total_length);
+}
+
+void check_drained(Qp* qp) {
+  if (qp->state.load() != IBV_QPS_SQD || !qp->sq_drain_notify) return;
+  if (!qp->sq.empty() && qp->sq.front().started) return;
+  qp->sq_drain_notify = false;
+  raise_qp_event(qp, IBV_EVENT_SQ_DRAINED);
+}
+
+}  // namespace
+
+void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len) {
+  bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED);
+  if (status == IBV_WC_SUCCESS && !signaled) return;
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = status;
+  wc.opcode = wc_opcode(w.opcode);
+  wc.byte_len = byte_len;
+  wc.qp_num = qp->qpn();
+  cq_push(qp->send_cq, wc, false);
+}
+
+void run_send_queue(Qp* qp) {
+  for (;;) {
+    if (qp->sq.empty()) break;
+    int st = qp->state.load();
+    if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
+      flush_send_queue_locked(qp);
+      break;
+    }
+    SendWqe& w = qp->sq.front();
+    if (st == IBV_QPS_SQD && !w.started) break;  // draining: start nothing new
+    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
+    if (w.started && Clock::now() < qp->retry_at) break;  // a timer will kick us
+    if (!w.started) {
+      std::lock_guard<std::mutex> lock(qp->attr_mu);
+      w.rnr_left = qp->attr.rnr_retry;
+      w.retry_left = qp->attr.retry_cnt;
+    }
+    w.started = true;
+    Outcome o = execute(qp, w);
+    if (o.kind == Outcome::RnrNak || o.kind == Outcome::NoResponse) {
+      bool rnr = o.kind == Outcome::RnrNak;
+      int& left = rnr ? w.rnr_left : w.retry_left;
+      uint8_t timeout;
+      {
+        std::lock_guard<std::mutex> lock(qp->attr_mu);
+        timeout = qp->attr.timeout;
+      }
+      bool infinite = rnr ? left == 7 : timeout == 0;
+      if (!infinite && left == 0) {
+        o = {Outcome::Error, rnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR};
+      } else {
+        if (!infinite) --left;
+        Clock::duration delay = rnr ? std::chrono::microseconds(kRnrDelayUs[o.rnr_timer & 31])
+                                    : ack_timeout(timeout);
+        qp->retry_at = Clock::now() + delay;
+        schedule_kick(qp->qpn(), qp->retry_at);
+        break;
+      }
+    }
+    if (o.kind == Outcome::Error) {
+      push_send_completion(qp, w, o.status, 0);
+      qp->sq.pop_front();
+      if (qp->type == IBV_QPT_RC) {
+        set_error(qp, -1);
+      } else {
+        // UC/UD: a send-side error stops only the send queue (SQE); receives go on.
+        int expect = st;
+        qp->state.compare_exchange_strong(expect, IBV_QPS_SQE);
+      }
+      continue;  // flushes the rest
+    }
+    push_send_completion(qp, w, IBV_WC_SUCCESS, o.byte_len);
+    qp->sq.pop_front();
+  }
+  check_drained(qp);
+}
+
+void kick(Qp* qp) {
+  std::lock_guard<std::mutex> lock(qp->sq_mu);
+  run_send_queue(qp);
+}
+
+void kick_qpn(uint32_t qpn) {
+  wire::QpRef ref = wire::transport().find_local(qpn);
+  if (ref) kick(ref.get());
+}
+
+void flush_send_queue_locked(Qp* qp) {
+  while (!qp->sq.empty()) {
+    push_send_completion(qp, qp->sq.front(), IBV_WC_WR_FLUSH_ERR, 0);
+    qp->sq.pop_front();
+  }
+}
+
+void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qp->qpn();
+  cq_push(qp->recv_cq, wc, false);
+}
+
+void flush(Qp* qp) {
+  {
+    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    if (qp->state.load() == IBV_QPS_ERR || qp->state.load() == IBV_QPS_SQE)
+      flush_send_queue_locked(qp);
+  }
+  if (qp->state.load() != IBV_QPS_ERR) return;
+  std::lock_guard<std::mutex> lock(qp->rq_mu);
+  while (!qp->rq.empty()) {
+    push_recv_completion(qp, qp->rq.front().wr_id, IBV_WC_WR_FLUSH_ERR);
+    qp->rq.pop_front();
+  }
+  // An SRQ-attached QP in error consumes no more SRQ WQEs: tell the application.
+  if (qp->srq && !qp->last_wqe_raised) {
+    qp->last_wqe_raised = true;
+    raise_qp_event(qp, IBV_EVENT_QP_LAST_WQE_REACHED);
+  }
+}
+
+void set_error(Qp* qp, int event) {
+  if (qp->state.exchange(IBV_QPS_ERR) == IBV_QPS_ERR) return;
+  if (event >= 0) raise_qp_event(qp, static_cast<ibv_event_type>(event));
+  schedule_flush(qp->qpn());
+}
+
+void cq_overrun(Cq* cq, bool first) {
+  if (first) raise_cq_event(cq, IBV_EVENT_CQ_ERR);
+  std::lock_guard<std::mutex> lock(cq->ctx->objects_mu);
+  for (Qp* qp : cq->ctx->qps)
+    if (qp->send_cq == cq || qp->recv_cq == cq) set_error(qp, IBV_EVENT_QP_FATAL);
+}
+
+}  // namespace softverbs::engine

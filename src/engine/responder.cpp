@@ -1,0 +1,277 @@
+// Responder: executes an incoming request against the target QP's memory and receive
+// queue, and writes the target's receive completions.
+#include <arpa/inet.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "engine/engine.hpp"
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+#include "wire/transport.hpp"
+
+namespace softverbs::engine {
+
+namespace {
+
+constexpr size_t kGrhSize = 40;
+
+bool is_ipv4_mapped(const ibv_gid& g) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.raw, prefix, 12) == 0;
+}
+
+// The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
+// last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.
+void build_grh(uint8_t* grh, const ibv_gid& sgid, const ibv_gid& dgid, uint32_t payload) {
+  std::memset(grh, 0, kGrhSize);
+  if (is_ipv4_mapped(sgid) && is_ipv4_mapped(dgid)) {
+    uint8_t* ip = grh + 20;
+    ip[0] = 0x45;  // version 4, IHL 5
+    uint16_t total = htons(static_cast<uint16_t>(20 + 8 + 12 + payload + 4));
+    std::memcpy(ip + 2, &total, 2);
+    ip[8] = 64;   // TTL
+    ip[9] = 17;   // UDP
+    std::memcpy(ip + 12, &sgid.raw[12], 4);
+    std::memcpy(ip + 16, &dgid.raw[12], 4);
+  } else {
+    uint32_t vtf = htonl(6u << 28);
+    std::memcpy(grh, &vtf, 4);
+    uint16_t plen = htons(static_cast<uint16_t>(payload));
+    std::memcpy(grh + 4, &plen, 2);
+    grh[6] = 0x1b;  // next header: IBA
+    grh[7] = 64;    // hop limit
+    std::memcpy(grh + 8, sgid.raw, 16);
+    std::memcpy(grh + 24, dgid.raw, 16);
+  }
+}
+
+// The receive queue a message lands in: the QP's own or its SRQ. Holds its lock.
+class RecvQueue {
+ public:
+  explicit RecvQueue(Qp* t)
+      : t_(t), lock_(t->srq ? t->srq->mu : t->rq_mu), q_(t->srq ? t->srq->rq : t->rq) {}
+  bool empty() const { return q_.empty(); }
+  // Remember a sender that met an empty queue, to retry it once a receive is posted.
+  void add_waiter(uint32_t qpn) { (t_->srq ? t_->srq->rnr_waiters : t_->rnr_waiters).insert(qpn); }
+  RecvWqe pop() {
+    RecvWqe r = std::move(q_.front());
+    q_.pop_front();
+    if (Srq* srq = t_->srq; srq && srq->limit && q_.size() < srq->limit) {
+      srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
+      raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+    }
+    return r;
+  }
+
+ private:
+  Qp* t_;
+  std::lock_guard<std::mutex> lock_;
+  std::deque<RecvWqe>& q_;
+};
+
+struct TargetAttrs {
+  uint32_t dest_qpn;
+  unsigned access;
+  uint8_t min_rnr_timer;
+  uint8_t max_dest_rd_atomic;
+  uint32_t qkey;
+};
+
+TargetAttrs target_attrs(Qp* t) {
+  std::lock_guard<std::mutex> lock(t->attr_mu);
+  return {t->attr.dest_qp_num, t->attr.qp_access_flags, t->attr.min_rnr_timer,
+          t->attr.max_dest_rd_atomic, t->attr.qkey};
+}
+
+uint32_t requester_qkey(Qp* s, const SendWqe& w) {
+  // A remote_qkey with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+  if (!(w.remote_qkey & 0x80000000u)) return w.remote_qkey;
+  std::lock_guard<std::mutex> lock(s->attr_mu);
+  return s->attr.qkey;
+}
+
+// Resolves a receive WQE's scatter list; returns its capacity or -1 on a protection error.
+int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
+  int64_t cap = 0;
+  *n = 0;
+  for (const Sge& s : r.sges) {
+    if (s.length == 0) continue;
+    if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &out[*n]))
+      return -1;
+    ++*n;
+    cap += s.length;
+  }
+  return cap;
+}
+
+Outcome remote_access_error(Qp* t) {
+  if (t->type != IBV_QPT_RC) return {Outcome::Ack};  // UC: the packet is silently dropped
+  set_error(t, IBV_EVENT_QP_ACCESS_ERR);
+  return {Outcome::Error, IBV_WC_REM_ACCESS_ERR};
+}
+
+Outcome invalid_request(Qp* t) {
+  set_error(t, IBV_EVENT_QP_REQ_ERR);
+  return {Outcome::Error, IBV_WC_REM_INV_REQ_ERR};
+}
+
+// Delivers a SEND (or the immediate of a WRITE_WITH_IMM, when `payload` is false) into the
+// next receive WQE and writes the receive completion.
+Outcome deliver_receive(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal,
+                        uint64_t len, bool payload, uint8_t rnr_timer) {
+  RecvQueue rq(t);
+  if (rq.empty()) {
+    if (t->type != IBV_QPT_RC) return {Outcome::Ack};  // UC/UD: dropped
+    rq.add_waiter(s->qpn());
+    return {Outcome::RnrNak, IBV_WC_SUCCESS, rnr_timer};
+  }
+  RecvWqe r = rq.pop();
+  bool ud = t->type == IBV_QPT_UD;
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.qp_num = t->qpn();
+  wc.src_qp = s->qpn();
+  wc.pkey_index = 0;
+  wc.opcode = payload ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM;
+  if (payload) {
+    iovec dst[Limits::max_sge];
+    int ndst;
+    int64_t cap = resolve_recv(t, r, dst, &ndst);
+    if (cap < 0) {
+      wc.status = IBV_WC_LOC_PROT_ERR;
+      cq_push(t->recv_cq, wc, false);
+      if (ud) return {Outcome::Ack};
+      set_error(t, -1);
+      return t->type == IBV_QPT_RC ? Outcome{Outcome::Error, IBV_WC_REM_OP_ERR} : Outcome{};
+    }
+    uint64_t need = len + (ud ? kGrhSize : 0);
+    if (static_cast<uint64_t>(cap) < need) {
+      wc.status = IBV_WC_LOC_LEN_ERR;
+      cq_push(t->recv_cq, wc, false);
+      if (ud) return {Outcome::Ack};
+      set_error(t, -1);
+      return t->type == IBV_QPT_RC ? Outcome{Outcome::Error, IBV_WC_REM_INV_REQ_ERR} : Outcome{};
+    }
+    if (ud) {
+      uint8_t grh[kGrhSize];
+      build_grh(grh, w.sgid, w.dgid, static_cast<uint32_t>(len));
+      iovec g{grh, kGrhSize};
+      wire::transport().copy(dst, ndst, &g, 1, kGrhSize);
+      // Skip the GRH slot in the scatter list.
+      size_t skip = kGrhSize;
+      int i = 0;
+      while (skip && i < ndst) {
+        size_t k = std::min(skip, dst[i].iov_len);
+        dst[i].iov_base = static_cast<char*>(dst[i].iov_base) + k;
+        dst[i].iov_len -= k;
+        skip -= k;
+        if (dst[i].iov_len == 0) ++i;
+      }
+      wire::transport().copy(dst + i, ndst - i, local, nlocal, len);
+      wc.wc_flags |= IBV_WC_GRH;
+    } else {
+      wire::transport().copy(dst, ndst, local, nlocal, len);
+    }
+    wc.byte_len = static_cast<uint32_t>(need);
+  } else {
+    wc.byte_len = static_cast<uint32_t>(len);
+  }
+  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    wc.imm_data = w.imm;
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+  }
+  wc.status = IBV_WC_SUCCESS;
+  cq_push(t->recv_cq, wc, (w.flags & IBV_SEND_SOLICITED) != 0);
+  return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+}
+
+}  // namespace
+
+Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, uint64_t len) {
+  Outcome drop{s->type == IBV_QPT_RC ? Outcome::NoResponse : Outcome::Ack};
+  if (t->type != s->type) return drop;
+  int st = t->state.load();
+  if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return drop;  // not listening yet, or dead
+  TargetAttrs ta = target_attrs(t);
+  if (t->type == IBV_QPT_UD) {
+    if (requester_qkey(s, w) != ta.qkey) return drop;
+  } else if (ta.dest_qpn != s->qpn()) {
+    return drop;  // not this QP's connection
+  }
+  if (st == IBV_QPS_RTR && t->type != IBV_QPT_UD) {
+    // First packet on a connected QP still in RTR: IBA's Communication Established.
+    std::lock_guard<std::mutex> lock(t->rq_mu);
+    if (!t->comm_est_raised) {
+      t->comm_est_raised = true;
+      raise_qp_event(t, IBV_EVENT_COMM_EST);
+    }
+  }
+
+  switch (w.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return deliver_receive(s, t, w, local, nlocal, len, true, ta.min_rnr_timer);
+
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: {
+      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return remote_access_error(t);
+      iovec dst{};
+      if (len && !resolve_sge(t->pd, w.rkey, w.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, &dst))
+        return remote_access_error(t);
+      if (w.opcode == IBV_WR_RDMA_WRITE) {
+        if (len) wire::transport().copy(&dst, 1, local, nlocal, len);
+        return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+      }
+      {
+        // The data must land before the receive completion says so; take the WQE first so
+        // an RNR NAK leaves memory untouched.
+        RecvQueue probe(t);
+        if (probe.empty()) {
+          if (t->type != IBV_QPT_RC) return {Outcome::Ack};
+          probe.add_waiter(s->qpn());
+          return {Outcome::RnrNak, IBV_WC_SUCCESS, ta.min_rnr_timer};
+        }
+      }
+      if (len) wire::transport().copy(&dst, 1, local, nlocal, len);
+      return deliver_receive(s, t, w, local, nlocal, len, false, ta.min_rnr_timer);
+    }
+
+    case IBV_WR_RDMA_READ: {
+      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return invalid_request(t);
+      if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return remote_access_error(t);
+      iovec src{};
+      if (len && !resolve_sge(t->pd, w.rkey, w.remote_addr, len, IBV_ACCESS_REMOTE_READ, &src))
+        return remote_access_error(t);
+      if (len) wire::transport().copy(local, nlocal, &src, 1, len);
+      return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+    }
+
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return invalid_request(t);
+      if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return remote_access_error(t);
+      if (w.remote_addr % 8 != 0) return invalid_request(t);
+      iovec target{};
+      if (!resolve_sge(t->pd, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, &target))
+        return remote_access_error(t);
+      auto* word = static_cast<uint64_t*>(target.iov_base);
+      uint64_t old;
+      if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+        old = w.compare_add;
+        __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+      } else {
+        old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+      }
+      iovec result{&old, 8};
+      wire::transport().copy(local, nlocal, &result, 1, 8);
+      return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
+    }
+
+    default:
+      return invalid_request(t);
+  }
+}
+
+}  // namespace softverbs::engine

@@ -1,0 +1,177 @@
+// Device contexts and the asynchronous event queue (ctx->async_fd).
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <mutex>
+#include <set>
+
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+
+namespace softverbs {
+
+namespace {
+std::mutex g_contexts_mu;
+std::set<Context*> g_contexts;
+
+// Which counter an async event's element acknowledges; null for port/device events.
+// Returns the mutex/cond pair and the counter of the element's object.
+struct AckTarget {
+  pthread_mutex_t* mutex = nullptr;
+  pthread_cond_t* cond = nullptr;
+  uint32_t* completed = nullptr;
+  uint32_t* reported = nullptr;
+};
+
+AckTarget ack_target(ibv_async_event* ev) {
+  switch (ev->event_type) {
+    case IBV_EVENT_CQ_ERR: {
+      Cq* cq = Cq::from(ev->element.cq);
+      return {&cq->ibv.mutex, &cq->ibv.cond, &cq->ibv.async_events_completed,
+              &cq->async_events_reported};
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      Qp* qp = Qp::from(ev->element.qp);
+      return {&qp->ibv.qp_base.mutex, &qp->ibv.qp_base.cond, &qp->ibv.qp_base.events_completed,
+              &qp->events_reported};
+    }
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED: {
+      Srq* srq = Srq::from(ev->element.srq);
+      return {&srq->ibv.mutex, &srq->ibv.cond, &srq->ibv.events_completed,
+              &srq->events_reported};
+    }
+    default:
+      return {};
+  }
+}
+}  // namespace
+
+Context* Context::from(ibv_context* c) {
+  if (!c) return nullptr;
+  auto* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(c) -
+                                                offsetof(verbs_context, context));
+  auto* ctx = reinterpret_cast<Context*>(vctx);
+  return ctx->magic == kCtxMagic ? ctx : nullptr;
+}
+
+ibv_context* open_context(ibv_device* dev) {
+  if (!device_from_ibv(dev)) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  auto* ctx = new (std::nothrow) Context{};
+  if (!ctx) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  if (int err = ctx->async_queue.open()) {
+    delete ctx;
+    errno = err;
+    return nullptr;
+  }
+  // cmd_fd stands for the uverbs device file; a memfd gives each context a unique inode
+  // so that ibv_import_device(dup(cmd_fd)) can find the context again.
+  ctx->cmd_fd = memfd_create("softverbs-context", MFD_CLOEXEC);
+  if (ctx->cmd_fd < 0) {
+    int err = errno;
+    delete ctx;
+    errno = err;
+    return nullptr;
+  }
+  ibv_context* ibv = ctx->ibv();
+  ibv->device = dev;
+  ibv->cmd_fd = ctx->cmd_fd;
+  ibv->async_fd = ctx->async_queue.fd();
+  ibv->num_comp_vectors = Device::instance().num_comp_vectors();
+  pthread_mutex_init(&ibv->mutex, nullptr);
+  ibv->abi_compat = reinterpret_cast<void*>(UINTPTR_MAX);  // marks a verbs_context
+  ctx->vctx.sz = sizeof(verbs_context);
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  g_contexts.insert(ctx);
+  return ibv;
+}
+
+int close_context(Context* ctx) {
+  {
+    std::lock_guard<std::mutex> lock(g_contexts_mu);
+    g_contexts.erase(ctx);
+  }
+  ::close(ctx->cmd_fd);
+  pthread_mutex_destroy(&ctx->ibv()->mutex);
+  ctx->magic = kDead;
+  delete ctx;
+  return 0;
+}
+
+Context* context_from_cmd_fd(int fd) {
+  struct stat want;
+  if (fstat(fd, &want) != 0) return nullptr;
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) {
+    struct stat have;
+    if (fstat(ctx->cmd_fd, &have) == 0 && have.st_ino == want.st_ino &&
+        have.st_dev == want.st_dev)
+      return ctx;
+  }
+  return nullptr;
+}
+
+int get_async_event(Context* ctx, ibv_async_event* ev) {
+  return ctx->async_queue.wait_pop(ev, [](ibv_async_event& e) {
+    AckTarget t = ack_target(&e);
+    if (!t.mutex) return;
+    pthread_mutex_lock(t.mutex);
+    ++*t.reported;
+    pthread_mutex_unlock(t.mutex);
+  });
+}
+
+void ack_async_event(ibv_async_event* ev) {
+  AckTarget t = ack_target(ev);
+  if (!t.mutex) return;
+  pthread_mutex_lock(t.mutex);
+  ++*t.completed;
+  pthread_cond_broadcast(t.cond);
+  pthread_mutex_unlock(t.mutex);
+}
+
+void raise_qp_event(Qp* qp, ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.qp = qp->qp();
+  ev.event_type = type;
+  qp->ctx->post_async(ev);
+}
+
+void raise_cq_event(Cq* cq, ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.cq = cq->cq();
+  ev.event_type = type;
+  cq->ctx->post_async(ev);
+}
+
+void raise_srq_event(Srq* srq, ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.srq = &srq->ibv;
+  ev.event_type = type;
+  srq->ctx->post_async(ev);
+}
+
+void raise_port_event(ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.port_num = 1;
+  ev.event_type = type;
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) ctx->post_async(ev);
+}
+
+}  // namespace softverbs

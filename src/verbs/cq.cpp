@@ -1,0 +1,224 @@
+// Completion queues, completion channels and the notification machinery.
+#include <cerrno>
+#include <cstring>
+
+#include "engine/engine.hpp"
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+
+namespace softverbs {
+
+namespace {
+uint64_t ring_size_for(uint64_t cqe) {
+  uint64_t size = 2;
+  while (size < cqe + 1) size <<= 1;
+  return size;
+}
+
+// Blocks until the application acked every event of an object that was handed out.
+void wait_acked(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
+                const uint32_t* reported) {
+  pthread_mutex_lock(mutex);
+  while (*completed != *reported) pthread_cond_wait(cond, mutex);
+  pthread_mutex_unlock(mutex);
+}
+}  // namespace
+
+Cq* Cq::from(ibv_cq* c) {
+  auto* cq = reinterpret_cast<Cq*>(c);
+  return c && cq->magic == kCqMagic ? cq : nullptr;
+}
+
+CompChannel* CompChannel::from(ibv_comp_channel* c) {
+  auto* ch = reinterpret_cast<CompChannel*>(c);
+  return c && ch->magic == kChanMagic ? ch : nullptr;
+}
+
+ibv_comp_channel* create_comp_channel(Context* ctx) {
+  auto* ch = new (std::nothrow) CompChannel{};
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  if (int err = ch->events.open()) {
+    delete ch;
+    errno = err;
+    return nullptr;
+  }
+  ch->ctx = ctx;
+  ch->ibv.context = ctx->ibv();
+  ch->ibv.fd = ch->events.fd();
+  ch->ibv.refcnt = 0;
+  return &ch->ibv;
+}
+
+int destroy_comp_channel(CompChannel* ch) {
+  pthread_mutex_t* mu = &ch->ctx->ibv()->mutex;
+  pthread_mutex_lock(mu);
+  bool busy = ch->ibv.refcnt > 0;
+  pthread_mutex_unlock(mu);
+  if (busy) return EBUSY;
+  ch->magic = kDead;
+  delete ch;
+  return 0;
+}
+
+ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int comp_vector) {
+  if (cqe < 1 || cqe > Limits::max_cqe || comp_vector < 0 ||
+      comp_vector >= ctx->ibv()->num_comp_vectors || (ch && ch->ctx != ctx)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* cq = new (std::nothrow) Cq{};
+  if (!cq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  uint64_t size = ring_size_for(static_cast<uint64_t>(cqe));
+  cq->ring.resize(size);
+  cq->capacity = size - 1;
+  cq->ctx = ctx;
+  cq->channel = ch;
+  ibv_cq* c = cq->cq();
+  c->context = ctx->ibv();
+  c->channel = ch ? &ch->ibv : nullptr;
+  c->cq_context = cq_context;
+  c->cqe = static_cast<int>(cq->capacity);
+  pthread_mutex_init(&c->mutex, nullptr);
+  pthread_cond_init(&c->cond, nullptr);
+  if (ch) {
+    pthread_mutex_lock(&ctx->ibv()->mutex);
+    ch->ibv.refcnt++;
+    pthread_mutex_unlock(&ctx->ibv()->mutex);
+  }
+  std::lock_guard<std::mutex> lock(ctx->objects_mu);
+  ctx->cqs.insert(cq);
+  return c;
+}
+
+int resize_cq(Cq* cq, int cqe) {
+  if (cqe < 1 || cqe > Limits::max_cqe) return EINVAL;
+  std::lock_guard<std::mutex> p(cq->produce_mu);
+  std::lock_guard<std::mutex> c(cq->consume_mu);
+  uint64_t head = cq->head.load(), tail = cq->tail.load();
+  uint64_t used = tail - head;
+  uint64_t size = ring_size_for(static_cast<uint64_t>(cqe));
+  if (size - 1 < used) return EINVAL;  // would drop completions
+  std::vector<ibv_wc> ring(size);
+  uint64_t old_mask = cq->ring.size() - 1;
+  for (uint64_t i = 0; i < used; ++i) ring[i] = cq->ring[(head + i) & old_mask];
+  cq->ring.swap(ring);
+  cq->capacity = size - 1;
+  cq->head.store(0);
+  cq->tail.store(used);
+  cq->cq()->cqe = static_cast<int>(cq->capacity);
+  return 0;
+}
+
+int destroy_cq(Cq* cq) {
+  if (cq->users.load() != 0) return EBUSY;
+  {
+    std::lock_guard<std::mutex> lock(cq->produce_mu);
+    cq->destroying = true;
+    cq->arm = Arm::None;
+  }
+  // Events not yet handed out vanish; those handed out must be acked first.
+  if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
+  cq->ctx->async_queue.remove_if(
+      [cq](const ibv_async_event& e) { return e.event_type == IBV_EVENT_CQ_ERR && e.element.cq == cq->cq(); });
+  ibv_cq* c = cq->cq();
+  wait_acked(&c->mutex, &c->cond, &c->comp_events_completed, &cq->comp_events_reported);
+  wait_acked(&c->mutex, &c->cond, &c->async_events_completed, &cq->async_events_reported);
+  {
+    std::lock_guard<std::mutex> lock(cq->ctx->objects_mu);
+    cq->ctx->cqs.erase(cq);
+  }
+  if (CompChannel* ch = cq->channel) {
+    pthread_mutex_lock(&cq->ctx->ibv()->mutex);
+    ch->ibv.refcnt--;
+    pthread_mutex_unlock(&cq->ctx->ibv()->mutex);
+  }
+  pthread_mutex_destroy(&c->mutex);
+  pthread_cond_destroy(&c->cond);
+  cq->magic = kDead;
+  delete cq;
+  return 0;
+}
+
+int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
+  // Fast path: an empty CQ costs one shared load (tail) and one private one (head).
+  uint64_t tail = cq->tail.load(std::memory_order_acquire);
+  if (tail == cq->head.load(std::memory_order_relaxed) || num_entries <= 0) {
+    if (num_entries < 0) return -1;
+    return cq->in_error.load(std::memory_order_relaxed) ? -1 : 0;
+  }
+  std::lock_guard<std::mutex> lock(cq->consume_mu);
+  uint64_t head = cq->head.load(std::memory_order_relaxed);
+  tail = cq->tail.load(std::memory_order_acquire);
+  uint64_t mask = cq->ring.size() - 1;
+  int n = 0;
+  while (n < num_entries && head != tail) wc[n++] = cq->ring[head++ & mask];
+  cq->head.store(head, std::memory_order_release);
+  return n;
+}
+
+int req_notify_cq(Cq* cq, int solicited_only) {
+  std::lock_guard<std::mutex> lock(cq->produce_mu);
+  if (cq->in_error.load()) return EINVAL;
+  Arm want = solicited_only ? Arm::Solicited : Arm::Next;
+  // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
+  if (static_cast<int>(want) > static_cast<int>(cq->arm)) cq->arm = want;
+  return 0;
+}
+
+bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
+  bool fire = false, failed = false, first_failure = false;
+  {
+    std::lock_guard<std::mutex> lock(cq->produce_mu);
+    uint64_t tail = cq->tail.load(std::memory_order_relaxed);
+    uint64_t head = cq->head.load(std::memory_order_acquire);
+    if (cq->in_error.load(std::memory_order_relaxed)) {
+      failed = true;
+    } else if (tail - head >= cq->capacity) {
+      cq->in_error.store(true);
+      failed = first_failure = true;
+    } else {
+      cq->ring[tail & (cq->ring.size() - 1)] = wc;
+      cq->tail.store(tail + 1, std::memory_order_release);
+      if (cq->arm == Arm::Next ||
+          (cq->arm == Arm::Solicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
+        cq->arm = Arm::None;
+        fire = cq->channel != nullptr && !cq->destroying;
+      }
+    }
+  }
+  if (failed) {
+    engine::cq_overrun(cq, first_failure);
+    return false;
+  }
+  if (fire) cq->channel->events.push(cq);
+  return true;
+}
+
+int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
+  Cq* cq = nullptr;
+  int rc = ch->events.wait_pop(&cq, [](Cq* c) {
+    pthread_mutex_lock(&c->cq()->mutex);
+    c->comp_events_reported++;
+    pthread_mutex_unlock(&c->cq()->mutex);
+  });
+  if (rc != 0) return rc;
+  *out_cq = cq->cq();
+  *out_context = cq->cq()->cq_context;
+  return 0;
+}
+
+void ack_cq_events(Cq* cq, unsigned int nevents) {
+  ibv_cq* c = cq->cq();
+  pthread_mutex_lock(&c->mutex);
+  c->comp_events_completed += nevents;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->mutex);
+}
+
+}  // namespace softverbs

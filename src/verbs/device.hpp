@@ -1,0 +1,69 @@
+// The soft device: identity, limits, port and GID table, as ibv_query_device/_port/_gid
+// report them. One per process (the device is the host itself).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace softverbs {
+
+inline constexpr char kDeviceName[] = "softverbs0";
+inline constexpr uint8_t kPortCount = 1;
+inline constexpr uint32_t kVendorId = 0x5356;  // 'SV': not Mellanox (0x02c9) or Amazon (0x1d0f)
+inline constexpr uint32_t kMaxMsgSize = 1u << 31;
+inline constexpr uint16_t kDefaultPkey = 0xffff;
+
+// Limits reported by ibv_query_device and enforced on create/post.
+struct Limits {
+  static constexpr int max_qp = 1 << 16;
+  static constexpr int max_qp_wr = 1 << 14;
+  static constexpr int max_sge = 32;
+  static constexpr int max_inline = 1024;
+  static constexpr int max_cq = 1 << 16;
+  static constexpr int max_cqe = (1 << 20) - 1;
+  static constexpr int max_mr = 1 << 20;
+  static constexpr int max_pd = 1 << 16;
+  static constexpr int max_qp_rd_atom = 16;
+  static constexpr int max_srq = 1 << 16;
+  static constexpr int max_srq_wr = 1 << 14;
+  static constexpr int max_ah = 1 << 16;
+};
+
+struct GidEntry {
+  ibv_gid gid;
+  int ifindex;
+};
+
+class Device {
+ public:
+  static Device& instance();
+
+  ibv_device* ibv() { return &ibv_; }
+  uint64_t node_guid() const { return node_guid_; }  // network byte order
+  const std::vector<GidEntry>& gids() const { return gids_; }
+  bool is_local_gid(const ibv_gid& gid) const;
+  int num_comp_vectors() const { return comp_vectors_; }
+
+  void fill_device_attr(ibv_device_attr* attr) const;
+  void fill_port_attr(ibv_port_attr* attr) const;
+
+  // Port state as the link would report it; toggled by `softverbs port up|down`.
+  bool port_active() const { return port_active_.load(std::memory_order_relaxed); }
+  void set_port_active(bool up) { port_active_.store(up, std::memory_order_relaxed); }
+
+ private:
+  Device();
+  ibv_device ibv_{};
+  uint64_t node_guid_ = 0;
+  std::vector<GidEntry> gids_;
+  int comp_vectors_ = 1;
+  std::atomic<bool> port_active_{true};
+};
+
+Device* device_from_ibv(ibv_device* dev);
+
+}  // namespace softverbs

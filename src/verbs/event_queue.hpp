@@ -1,0 +1,112 @@
+// A FIFO of events whose file descriptor is readable exactly while the FIFO is not empty.
+// It backs completion channels (ibv_comp_channel::fd) and the context's async_fd.
+//
+// The fd is one end of an AF_UNIX datagram socketpair; we keep at most one datagram queued
+// as the "non-empty" level. All changes happen under one mutex, so the fd's readability
+// always matches the FIFO. poll/epoll/O_NONBLOCK on the fd behave as on a kernel channel.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <deque>
+#include <mutex>
+
+namespace softverbs {
+
+template <typename T>
+class EventQueue {
+ public:
+  EventQueue() = default;
+  EventQueue(const EventQueue&) = delete;
+  EventQueue& operator=(const EventQueue&) = delete;
+  ~EventQueue() { close_fds(); }
+
+  // Returns 0 or an errno value.
+  int open() {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) != 0) return errno;
+    read_fd_ = sv[0];
+    write_fd_ = sv[1];
+    return 0;
+  }
+  void close_fds() {
+    if (read_fd_ >= 0) ::close(read_fd_);
+    if (write_fd_ >= 0) ::close(write_fd_);
+    read_fd_ = write_fd_ = -1;
+  }
+  int fd() const { return read_fd_; }
+
+  void push(const T& item) {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(item);
+    if (items_.size() == 1) raise_level();
+  }
+
+  // Pops the oldest event. `deliver(item)` runs under the queue lock, so an event is
+  // either still queued or already counted as handed out, never in between (destroy
+  // relies on that to know which events it must wait for).
+  template <typename F>
+  bool try_pop(T* out, F&& deliver) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (items_.empty()) return false;
+    *out = items_.front();
+    items_.pop_front();
+    if (items_.empty()) lower_level();
+    deliver(*out);
+    return true;
+  }
+
+  // Blocks unless the application set O_NONBLOCK on the fd. Returns 0, or -1 with errno.
+  template <typename F>
+  int wait_pop(T* out, F&& deliver) {
+    for (;;) {
+      if (try_pop(out, deliver)) return 0;
+      int flags = fcntl(read_fd_, F_GETFL);
+      if (flags < 0) return -1;
+      if (flags & O_NONBLOCK) {
+        errno = EAGAIN;
+        return -1;
+      }
+      pollfd p{read_fd_, POLLIN, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return -1;
+    }
+  }
+
+  // Removes queued (not yet handed out) events matching `pred`; returns how many.
+  template <typename P>
+  size_t remove_if(P&& pred) {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t before = items_.size();
+    for (auto it = items_.begin(); it != items_.end();)
+      it = pred(*it) ? items_.erase(it) : it + 1;
+    if (before && items_.empty()) lower_level();
+    return before - items_.size();
+  }
+
+  bool empty() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return items_.empty();
+  }
+
+ private:
+  void raise_level() {
+    char one = 1;
+    (void)!::send(write_fd_, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  void lower_level() {
+    char buf;
+    while (::recv(read_fd_, &buf, 1, MSG_DONTWAIT) == 1) {
+    }
+  }
+
+  std::mutex mu_;
+  std::deque<T> items_;
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+};
+
+}  // namespace softverbs

@@ -1,0 +1,191 @@
+// Protection domains, memory regions and their key table.
+#include <cerrno>
+#include <mutex>
+
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+
+namespace softverbs {
+
+namespace {
+constexpr unsigned kAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                  IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
+// Bits 20..29 are optional (e.g. RELAXED_ORDERING): a device may ignore them.
+constexpr unsigned kAccessOptional = 0x3ff00000u;
+
+int check_access(unsigned access) {
+  access &= ~kAccessOptional;
+  if (access & ~kAccessKnown) return EINVAL;
+  if (access & IBV_ACCESS_ON_DEMAND) return EOPNOTSUPP;  // no ODP yet
+  // IBA: remote write or atomic access requires local write.
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  return 0;
+}
+}  // namespace
+
+MrTable& MrTable::instance() {
+  static MrTable table;
+  return table;
+}
+
+uint32_t MrTable::insert(Mr* mr) {
+  std::unique_lock lock(mu_);
+  uint32_t index;
+  if (!free_.empty()) {
+    index = free_.back();
+    free_.pop_back();
+  } else {
+    index = static_cast<uint32_t>(slots_.size());
+    slots_.push_back(nullptr);
+    generation_.push_back(0);
+  }
+  slots_[index] = mr;
+  // The low byte changes on every reuse, so a stale key does not name the new MR.
+  uint8_t gen = ++generation_[index];
+  return (index << 8) | gen;
+}
+
+void MrTable::erase(uint32_t key) {
+  std::unique_lock lock(mu_);
+  uint32_t index = key >> 8;
+  if (index < slots_.size() && slots_[index]) {
+    slots_[index] = nullptr;
+    free_.push_back(index);
+  }
+}
+
+Mr* MrTable::find(uint32_t key) const {
+  uint32_t index = key >> 8;
+  if (index == 0 || index >= slots_.size()) return nullptr;
+  if (generation_[index] != (key & 0xff)) return nullptr;
+  return slots_[index];
+}
+
+bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, unsigned need_access,
+                 iovec* out) {
+  Mr* mr = MrTable::instance().find(key);
+  if (!mr || mr->pd != pd) return false;
+  if ((mr->access & need_access) != need_access) return false;
+  if (addr < mr->iova || length > mr->length || addr - mr->iova > mr->length - length)
+    return false;
+  out->iov_base = static_cast<char*>(mr->ibv.addr) + (addr - mr->iova);
+  out->iov_len = length;
+  return true;
+}
+
+ibv_pd* alloc_pd(Context* ctx) {
+  auto* pd = new (std::nothrow) Pd{};
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  pd->ibv.context = ctx->ibv();
+  pd->ibv.handle = 0;
+  pd->ctx = ctx;
+  return &pd->ibv;
+}
+
+int dealloc_pd(Pd* pd) {
+  if (pd->users.load() != 0) return EBUSY;
+  pd->magic = kDead;
+  delete pd;
+  return 0;
+}
+
+ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
+  if (int err = check_access(access)) {
+    errno = err;
+    return nullptr;
+  }
+  if (length == 0 || (!addr && length) || length > ~0ull - reinterpret_cast<uintptr_t>(addr)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* mr = new (std::nothrow) Mr{};
+  if (!mr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  mr->pd = pd;
+  mr->iova = iova;
+  mr->length = length;
+  mr->access = access & ~kAccessOptional;
+  mr->ibv.context = pd->ibv.context;
+  mr->ibv.pd = &pd->ibv;
+  mr->ibv.addr = addr;
+  mr->ibv.length = length;
+  uint32_t key = MrTable::instance().insert(mr);
+  mr->ibv.handle = key;
+  mr->ibv.lkey = key;
+  mr->ibv.rkey = key;
+  pd->users++;
+  return &mr->ibv;
+}
+
+int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
+  if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+                IBV_REREG_MR_CHANGE_ACCESS) || flags == 0)
+    return IBV_REREG_MR_ERR_INPUT;
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access))
+    return IBV_REREG_MR_ERR_INPUT;
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || length == 0))
+    return IBV_REREG_MR_ERR_INPUT;
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
+  std::unique_lock lock(MrTable::instance().lock());
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->ibv.addr = addr;
+    mr->ibv.length = length;
+    mr->iova = reinterpret_cast<uintptr_t>(addr);
+    mr->length = length;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+    mr->access = static_cast<unsigned>(access) & ~kAccessOptional;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    mr->pd->users--;
+    mr->pd = pd;
+    mr->ibv.pd = &pd->ibv;
+    pd->users++;
+  }
+  return 0;
+}
+
+int dereg_mr(Mr* mr) {
+  MrTable::instance().erase(mr->ibv.lkey);  // waits for in-flight operations (shared lock)
+  mr->pd->users--;
+  mr->magic = kDead;
+  delete mr;
+  return 0;
+}
+
+ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr) {
+  // RoCE: an address vector must carry a GRH (IBV_QPF_GRH_REQUIRED).
+  if (attr->port_num != 1 || !attr->is_global ||
+      attr->grh.sgid_index >= Device::instance().gids().size()) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* ah = new (std::nothrow) Ah{};
+  if (!ah) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ah->ibv.context = pd->ibv.context;
+  ah->ibv.pd = &pd->ibv;
+  ah->pd = pd;
+  ah->attr = *attr;
+  pd->users++;
+  return &ah->ibv;
+}
+
+int destroy_ah(Ah* ah) {
+  ah->pd->users--;
+  ah->magic = kDead;
+  delete ah;
+  return 0;
+}
+
+}  // namespace softverbs

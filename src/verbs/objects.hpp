@@ -1,0 +1,214 @@
+// The verbs object model. Each object embeds the rdma-core struct the application sees
+// as its first member (so the C handle and our object are one allocation, and the inline
+// verbs in <infiniband/verbs.h> find their ops through `->context`), followed by our state.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "verbs/event_queue.hpp"
+
+namespace softverbs {
+
+using Clock = std::chrono::steady_clock;
+
+// Tags that mark our objects, so C entry points can reject pointers we did not hand out.
+enum Magic : uint32_t {
+  kCtxMagic = 0x53564358,  // "SVCX"
+  kPdMagic = 0x53565044,
+  kMrMagic = 0x53564d52,
+  kCqMagic = 0x53564351,
+  kChanMagic = 0x53564348,
+  kQpMagic = 0x53565150,
+  kSrqMagic = 0x53565352,
+  kAhMagic = 0x53564148,
+  kDead = 0xdeaddead,
+};
+
+struct Context;
+struct Pd;
+struct Mr;
+struct Cq;
+struct CompChannel;
+struct Qp;
+struct Srq;
+
+struct AsyncRecord {
+  ibv_async_event event;
+};
+
+struct Context {
+  verbs_context vctx;  // ibv_context is its last member; the application sees &vctx.context
+  uint32_t magic = kCtxMagic;
+  EventQueue<ibv_async_event> async_queue;
+  std::mutex objects_mu;  // guards the object lists below
+  std::set<Qp*> qps;
+  std::set<Cq*> cqs;
+  std::set<Srq*> srqs;
+  int cmd_fd = -1;
+
+  ibv_context* ibv() { return &vctx.context; }
+  static Context* from(ibv_context* c);
+  void post_async(const ibv_async_event& ev) { async_queue.push(ev); }
+};
+
+struct Pd {
+  ibv_pd ibv;
+  uint32_t magic = kPdMagic;
+  Context* ctx;
+  std::atomic<int> users{0};  // MRs, QPs, SRQs, AHs
+  static Pd* from(ibv_pd* p);
+};
+
+struct Mr {
+  ibv_mr ibv;
+  uint32_t magic = kMrMagic;
+  Pd* pd;
+  uint64_t iova;    // address the remote side names (iova2)
+  uint64_t length;
+  unsigned access;
+  static Mr* from(ibv_mr* m);
+};
+
+struct CompChannel {
+  ibv_comp_channel ibv;
+  uint32_t magic = kChanMagic;
+  Context* ctx;
+  EventQueue<Cq*> events;
+  static CompChannel* from(ibv_comp_channel* c);
+};
+
+enum class Arm : int { None = 0, Solicited = 1, Next = 2 };
+
+struct Cq {
+  ibv_cq_ex ibv;  // ibv_cq prefix; cq_ex so that later extended CQs share the layout
+  uint32_t magic = kCqMagic;
+  Context* ctx;
+  CompChannel* channel;
+
+  // Ring of completions: producers serialise on produce_mu, pollers on consume_mu.
+  // head/tail count entries ever consumed/produced; the fast empty check is one load.
+  std::mutex produce_mu;
+  std::mutex consume_mu;
+  std::vector<ibv_wc> ring;
+  uint64_t capacity = 0;  // == ibv.cqe
+  std::atomic<uint64_t> head{0};
+  std::atomic<uint64_t> tail{0};
+  Arm arm = Arm::None;           // under produce_mu
+  std::atomic<bool> in_error{false};
+  bool destroying = false;       // under produce_mu
+  std::atomic<int> users{0};     // QPs feeding it
+  // Events handed out by ibv_get_cq_event / ibv_get_async_event (under ibv.mutex).
+  uint32_t comp_events_reported = 0;
+  uint32_t async_events_reported = 0;
+
+  ibv_cq* cq() { return ibv_cq_ex_to_cq(&ibv); }
+  static Cq* from(ibv_cq* c);
+};
+
+// One scatter/gather element, resolved or not.
+struct Sge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+struct RecvWqe {
+  uint64_t wr_id;
+  std::vector<Sge> sges;
+};
+
+struct SendWqe {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned flags = 0;
+  uint32_t imm = 0;  // network order, as posted
+  std::vector<Sge> sges;
+  std::vector<uint8_t> inline_data;  // IBV_SEND_INLINE: copied at post time
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // UD addressing, copied from the AH at post time.
+  ibv_gid sgid{};
+  ibv_gid dgid{};
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+  uint64_t total_length = 0;
+  // Retry bookkeeping for this WQE (RNR NAK / no response).
+  bool started = false;
+  int rnr_left = 0;
+  int retry_left = 0;
+};
+
+struct Srq {
+  ibv_srq ibv;
+  uint32_t magic = kSrqMagic;
+  Context* ctx;
+  Pd* pd;
+  std::mutex mu;
+  std::deque<RecvWqe> rq;
+  uint32_t max_wr;
+  uint32_t max_sge;
+  uint32_t limit = 0;  // armed limit; 0 = disarmed
+  std::atomic<int> users{0};
+  uint32_t events_reported = 0;  // under ibv.mutex
+  std::set<uint32_t> rnr_waiters;  // under mu: QPNs of senders to retry when a receive is posted
+  static Srq* from(ibv_srq* s);
+};
+
+struct Ah {
+  ibv_ah ibv;
+  uint32_t magic = kAhMagic;
+  Pd* pd;
+  ibv_ah_attr attr;
+  static Ah* from(ibv_ah* a);
+};
+
+struct Qp {
+  ibv_qp_ex ibv;  // ibv_qp prefix
+  uint32_t magic = kQpMagic;
+  Context* ctx;
+  Pd* pd;
+  Cq* send_cq;
+  Cq* recv_cq;
+  Srq* srq;
+  ibv_qp_type type;
+  bool sq_sig_all;
+  ibv_qp_cap cap;
+
+  // Attributes set by ibv_modify_qp; under attr_mu (the data path copies what it needs).
+  std::mutex attr_mu;
+  ibv_qp_attr attr{};
+  std::atomic<int> state{IBV_QPS_RESET};
+
+  std::mutex sq_mu;  // lock order: a QP's sq_mu before any rq lock; never two sq_mu
+  std::deque<SendWqe> sq;
+  bool sq_drain_notify = false;  // SQD entered with en_sqd_async_notify
+  Clock::time_point retry_at{};  // head WQE waits until then (RNR / no response)
+  bool retry_scheduled = false;
+
+  std::mutex rq_mu;
+  std::deque<RecvWqe> rq;
+  std::set<uint32_t> rnr_waiters;  // under rq_mu: QPNs of senders waiting (RNR)
+  bool comm_est_raised = false;  // under rq_mu
+  bool last_wqe_raised = false;  // under rq_mu
+
+  std::atomic<int> users{0};  // in-flight lookups by peers and the progress thread
+  uint32_t events_reported = 0;  // under ibv.qp_base.mutex
+
+  ibv_qp* qp() { return &ibv.qp_base; }
+  uint32_t qpn() const { return ibv.qp_base.qp_num; }
+  static Qp* from(ibv_qp* q);
+};
+
+}  // namespace softverbs

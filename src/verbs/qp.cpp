@@ -1,0 +1,519 @@
+// Queue pairs: creation with actual caps, the state machine, posting work requests.
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "engine/engine.hpp"
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+#include "wire/transport.hpp"
+
+namespace softverbs {
+
+namespace {
+
+constexpr uint32_t kDefaultInline = 64;
+
+void wait_acked(Qp* qp) {
+  ibv_qp* q = qp->qp();
+  pthread_mutex_lock(&q->mutex);
+  while (q->events_completed != qp->events_reported) pthread_cond_wait(&q->cond, &q->mutex);
+  pthread_mutex_unlock(&q->mutex);
+}
+
+bool valid_mtu(int mtu) { return mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096; }
+
+// Checks attribute values (the mask rules are in qp_transitions.cpp).
+int check_values(Qp* qp, const ibv_qp_attr* a, int mask) {
+  const auto& dev = Device::instance();
+  if ((mask & IBV_QP_PORT) && a->port_num != 1) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && !valid_mtu(a->path_mtu)) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && a->timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && a->retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > Limits::max_qp_rd_atom)
+    return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > Limits::max_qp_rd_atom)
+    return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_SQ_PSN) && a->sq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_RQ_PSN) && a->rq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (a->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+    return EINVAL;
+  if (mask & IBV_QP_AV) {
+    // RoCE: the address vector must carry a GRH with a valid source GID index.
+    const ibv_ah_attr& ah = a->ah_attr;
+    if (!ah.is_global || ah.grh.sgid_index >= dev.gids().size()) return EINVAL;
+    if (ah.port_num != 0 && ah.port_num != 1) return EINVAL;
+  }
+  if (mask & IBV_QP_CAP) return EINVAL;  // resizing a QP is not supported
+  if ((mask & IBV_QP_ALT_PATH) || (mask & IBV_QP_PATH_MIG_STATE)) return EOPNOTSUPP;
+  (void)qp;
+  return 0;
+}
+
+void apply_attrs(Qp* qp, const ibv_qp_attr* a, int mask) {
+  std::lock_guard<std::mutex> lock(qp->attr_mu);
+  ibv_qp_attr& s = qp->attr;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a->pkey_index;
+  if (mask & IBV_QP_PORT) s.port_num = a->port_num;
+  if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = a->qp_access_flags;
+  if (mask & IBV_QP_QKEY) s.qkey = a->qkey;
+  if (mask & IBV_QP_AV) s.ah_attr = a->ah_attr;
+  if (mask & IBV_QP_PATH_MTU) s.path_mtu = a->path_mtu;
+  if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = a->dest_qp_num;
+  if (mask & IBV_QP_RQ_PSN) s.rq_psn = a->rq_psn;
+  if (mask & IBV_QP_SQ_PSN) s.sq_psn = a->sq_psn;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = a->max_dest_rd_atomic;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = a->max_rd_atomic;
+  if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = a->min_rnr_timer;
+  if (mask & IBV_QP_TIMEOUT) s.timeout = a->timeout;
+  if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = a->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = a->rnr_retry;
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a->en_sqd_async_notify;
+}
+
+// RESET discards every WQE without a completion and forgets the connection.
+void reset_queues(Qp* qp) {
+  {
+    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    qp->sq.clear();
+    qp->sq_drain_notify = false;
+  }
+  std::lock_guard<std::mutex> lock(qp->rq_mu);
+  qp->rq.clear();
+  qp->comm_est_raised = false;
+  qp->last_wqe_raised = false;
+  std::lock_guard<std::mutex> alock(qp->attr_mu);
+  ibv_qp_attr fresh{};
+  qp->attr = fresh;
+}
+
+bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return type != IBV_QPT_UD;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return type == IBV_QPT_RC;
+    default:
+      return false;
+  }
+}
+
+// Validates one send WR and turns it into a WQE (copying inline data now: the
+// application may reuse the buffer as soon as ibv_post_send returns).
+int build_send_wqe(Qp* qp, const ibv_send_wr* wr, SendWqe* w) {
+  if (!opcode_allowed(qp->type, wr->opcode)) return EINVAL;
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
+  if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
+  w->wr_id = wr->wr_id;
+  w->opcode = wr->opcode;
+  w->flags = wr->send_flags;
+  w->imm = wr->imm_data;
+  uint64_t total = 0;
+  for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
+  w->total_length = total;
+  bool atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+  if (atomic && (total != 8 || (wr->send_flags & IBV_SEND_INLINE))) return EINVAL;
+  bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
+  if (inl) {
+    if (total > qp->cap.max_inline_data) return EINVAL;
+    w->inline_data.resize(total);
+    size_t off = 0;
+    for (int i = 0; i < wr->num_sge; ++i) {
+      const ibv_sge& s = wr->sg_list[i];
+      if (s.length) std::memcpy(w->inline_data.data() + off, reinterpret_cast<void*>(s.addr), s.length);
+      off += s.length;
+    }
+    if (total == 0) w->inline_data.clear();
+  } else {
+    w->sges.reserve(wr->num_sge);
+    for (int i = 0; i < wr->num_sge; ++i)
+      w->sges.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
+  }
+  switch (wr->opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      w->remote_addr = wr->wr.rdma.remote_addr;
+      w->rkey = wr->wr.rdma.rkey;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      w->remote_addr = wr->wr.atomic.remote_addr;
+      w->rkey = wr->wr.atomic.rkey;
+      w->compare_add = wr->wr.atomic.compare_add;
+      w->swap = wr->wr.atomic.swap;
+      break;
+    default:
+      break;
+  }
+  if (qp->type == IBV_QPT_UD) {
+    Ah* ah = Ah::from(wr->wr.ud.ah);
+    if (!ah || ah->pd->ctx != qp->ctx) return EINVAL;
+    const auto& gids = Device::instance().gids();
+    w->sgid = gids[ah->attr.grh.sgid_index].gid;
+    w->dgid = ah->attr.grh.dgid;
+    w->remote_qpn = wr->wr.ud.remote_qpn;
+    w->remote_qkey = wr->wr.ud.remote_qkey;
+  }
+  return 0;
+}
+
+int check_recv_wr(const ibv_recv_wr* wr, uint32_t max_sge) {
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge) return EINVAL;
+  if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
+  return 0;
+}
+
+RecvWqe make_recv_wqe(const ibv_recv_wr* wr) {
+  RecvWqe r;
+  r.wr_id = wr->wr_id;
+  r.sges.reserve(wr->num_sge);
+  for (int i = 0; i < wr->num_sge; ++i)
+    r.sges.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
+  return r;
+}
+
+}  // namespace
+
+Qp* Qp::from(ibv_qp* q) {
+  auto* qp = reinterpret_cast<Qp*>(q);
+  return q && qp->magic == kQpMagic ? qp : nullptr;
+}
+
+Ah* Ah::from(ibv_ah* a) {
+  auto* ah = reinterpret_cast<Ah*>(a);
+  return a && ah->magic == kAhMagic ? ah : nullptr;
+}
+
+Pd* Pd::from(ibv_pd* p) {
+  auto* pd = reinterpret_cast<Pd*>(p);
+  return p && pd->magic == kPdMagic ? pd : nullptr;
+}
+
+Mr* Mr::from(ibv_mr* m) {
+  auto* mr = reinterpret_cast<Mr*>(m);
+  return m && mr->magic == kMrMagic ? mr : nullptr;
+}
+
+ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
+  Context* ctx = pd->ctx;
+  Cq* scq = Cq::from(init->send_cq);
+  Cq* rcq = Cq::from(init->recv_cq);
+  Srq* srq = init->srq ? Srq::from(init->srq) : nullptr;
+  if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_cap& cap = init->cap;
+  if (!scq || !rcq || scq->ctx != ctx || rcq->ctx != ctx || (init->srq && !srq) ||
+      (srq && srq->ctx != ctx) || cap.max_send_wr > Limits::max_qp_wr ||
+      (!srq && cap.max_recv_wr > Limits::max_qp_wr) || cap.max_send_sge > Limits::max_sge ||
+      (!srq && cap.max_recv_sge > Limits::max_sge) || cap.max_inline_data > Limits::max_inline) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* qp = new (std::nothrow) Qp{};
+  if (!qp) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  // The actual capacities, written back as ibv_create_qp(3) says (at least what was asked).
+  cap.max_send_wr = std::max<uint32_t>(cap.max_send_wr, 1);
+  cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
+  cap.max_inline_data = std::max<uint32_t>(cap.max_inline_data, kDefaultInline);
+  if (srq) {
+    cap.max_recv_wr = 0;
+    cap.max_recv_sge = 0;
+  } else {
+    cap.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
+    cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
+  }
+  qp->ctx = ctx;
+  qp->pd = pd;
+  qp->send_cq = scq;
+  qp->recv_cq = rcq;
+  qp->srq = srq;
+  qp->type = init->qp_type;
+  qp->sq_sig_all = init->sq_sig_all != 0;
+  qp->cap = cap;
+  ibv_qp* q = qp->qp();
+  q->context = ctx->ibv();
+  q->qp_context = init->qp_context;
+  q->pd = &pd->ibv;
+  q->send_cq = init->send_cq;
+  q->recv_cq = init->recv_cq;
+  q->srq = init->srq;
+  q->qp_type = init->qp_type;
+  q->state = IBV_QPS_RESET;
+  q->events_completed = 0;
+  pthread_mutex_init(&q->mutex, nullptr);
+  pthread_cond_init(&q->cond, nullptr);
+  q->qp_num = wire::transport().allocate_qpn();
+  q->handle = q->qp_num;
+  pd->users++;
+  scq->users++;
+  rcq->users++;
+  if (srq) srq->users++;
+  {
+    std::lock_guard<std::mutex> lock(ctx->objects_mu);
+    ctx->qps.insert(qp);
+  }
+  wire::transport().register_qp(qp);
+  return q;
+}
+
+int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
+  auto cur = static_cast<ibv_qp_state>(qp->state.load());
+  if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur &&
+      !(cur == IBV_QPS_SQE && attr->cur_qp_state == IBV_QPS_RTS))
+    return EINVAL;
+  auto next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+  if (int err = check_modify_mask(qp->type, cur, next, mask)) return err;
+  if (int err = check_values(qp, attr, mask)) return err;
+  apply_attrs(qp, attr, mask);
+  if (!(mask & IBV_QP_STATE)) return 0;
+
+  if (next == IBV_QPS_RESET) {
+    qp->state.store(IBV_QPS_RESET);
+    reset_queues(qp);
+  } else if (next == IBV_QPS_ERR) {
+    qp->state.store(IBV_QPS_ERR);
+    engine::flush(qp);  // synchronously: flushed completions are there when we return
+  } else if (next == IBV_QPS_SQD) {
+    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    qp->state.store(IBV_QPS_SQD);
+    qp->sq_drain_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;
+    engine::run_send_queue(qp);  // raises SQ_DRAINED at once if nothing is in flight
+  } else {
+    qp->state.store(next);
+    if (next == IBV_QPS_RTS) engine::kick(qp);  // WQEs posted in SQD/SQE may run now
+  }
+  qp->qp()->state = next;
+  return 0;
+}
+
+int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
+  (void)mask;
+  {
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    *attr = qp->attr;
+  }
+  auto st = static_cast<ibv_qp_state>(qp->state.load());
+  attr->qp_state = st;
+  attr->cur_qp_state = st;
+  attr->cap = qp->cap;
+  if (qp->srq) attr->cap.max_recv_wr = attr->cap.max_recv_sge = 0;
+  attr->path_mig_state = IBV_MIG_MIGRATED;
+  if (st == IBV_QPS_SQD) {
+    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    attr->sq_draining = !qp->sq.empty() && qp->sq.front().started;
+  }
+  if (init) {
+    std::memset(init, 0, sizeof(*init));
+    init->qp_context = qp->qp()->qp_context;
+    init->send_cq = qp->qp()->send_cq;
+    init->recv_cq = qp->qp()->recv_cq;
+    init->srq = qp->qp()->srq;
+    init->cap = attr->cap;
+    init->qp_type = qp->type;
+    init->sq_sig_all = qp->sq_sig_all;
+  }
+  qp->qp()->state = st;
+  return 0;
+}
+
+int destroy_qp(Qp* qp) {
+  {
+    std::lock_guard<std::mutex> lock(qp->ctx->objects_mu);
+    qp->ctx->qps.erase(qp);
+  }
+  wire::transport().unregister_qp(qp);  // no peer or timer can reach it any more
+  ibv_qp* q = qp->qp();
+  qp->ctx->async_queue.remove_if([q](const ibv_async_event& e) {
+    switch (e.event_type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_COMM_EST:
+      case IBV_EVENT_SQ_DRAINED:
+      case IBV_EVENT_PATH_MIG:
+      case IBV_EVENT_PATH_MIG_ERR:
+      case IBV_EVENT_QP_LAST_WQE_REACHED:
+        return e.element.qp == q;
+      default:
+        return false;
+    }
+  });
+  wait_acked(qp);
+  qp->pd->users--;
+  qp->send_cq->users--;
+  qp->recv_cq->users--;
+  if (qp->srq) qp->srq->users--;
+  pthread_mutex_destroy(&q->mutex);
+  pthread_cond_destroy(&q->cond);
+  qp->magic = kDead;
+  delete qp;
+  return 0;
+}
+
+int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  std::lock_guard<std::mutex> lock(qp->sq_mu);
+  int err = 0;
+  for (; wr; wr = wr->next) {
+    int st = qp->state.load();
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
+      err = EINVAL;
+      break;
+    }
+    if (qp->sq.size() >= qp->cap.max_send_wr) {
+      err = ENOMEM;
+      break;
+    }
+    SendWqe w;
+    if ((err = build_send_wqe(qp, wr, &w))) break;
+    qp->sq.push_back(std::move(w));
+  }
+  if (err && bad) *bad = wr;
+  engine::run_send_queue(qp);
+  return err;
+}
+
+int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  if (qp->srq) {
+    if (bad) *bad = wr;
+    return EINVAL;
+  }
+  int err = 0;
+  std::set<uint32_t> waiters;
+  {
+    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    for (; wr; wr = wr->next) {
+      if (qp->state.load() == IBV_QPS_RESET) {
+        err = EINVAL;
+        break;
+      }
+      if (qp->rq.size() >= qp->cap.max_recv_wr) {
+        err = ENOMEM;
+        break;
+      }
+      if ((err = check_recv_wr(wr, qp->cap.max_recv_sge))) break;
+      qp->rq.push_back(make_recv_wqe(wr));
+    }
+    waiters.swap(qp->rnr_waiters);
+  }
+  if (err && bad) *bad = wr;
+  if (qp->state.load() == IBV_QPS_ERR) engine::flush(qp);
+  // Senders that met an empty queue need not wait for their RNR timer.
+  for (uint32_t qpn : waiters) engine::kick_qpn(qpn);
+  return err;
+}
+
+// SRQs live here too: they share the receive-WQE validation above.
+Srq* Srq::from(ibv_srq* s) {
+  auto* srq = reinterpret_cast<Srq*>(s);
+  return s && srq->magic == kSrqMagic ? srq : nullptr;
+}
+
+ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
+  ibv_srq_attr& a = init->attr;
+  if (a.max_wr == 0 || a.max_wr > Limits::max_srq_wr || a.max_sge > Limits::max_sge ||
+      a.srq_limit > a.max_wr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* srq = new (std::nothrow) Srq{};
+  if (!srq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  a.max_sge = std::max<uint32_t>(a.max_sge, 1);
+  srq->ctx = pd->ctx;
+  srq->pd = pd;
+  srq->max_wr = a.max_wr;
+  srq->max_sge = a.max_sge;
+  srq->limit = a.srq_limit;
+  srq->ibv.context = pd->ibv.context;
+  srq->ibv.srq_context = init->srq_context;
+  srq->ibv.pd = &pd->ibv;
+  pthread_mutex_init(&srq->ibv.mutex, nullptr);
+  pthread_cond_init(&srq->ibv.cond, nullptr);
+  pd->users++;
+  std::lock_guard<std::mutex> lock(pd->ctx->objects_mu);
+  pd->ctx->srqs.insert(srq);
+  return &srq->ibv;
+}
+
+int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask) {
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  std::lock_guard<std::mutex> lock(srq->mu);
+  uint32_t max_wr = (mask & IBV_SRQ_MAX_WR) ? attr->max_wr : srq->max_wr;
+  if (max_wr == 0 || max_wr > Limits::max_srq_wr || max_wr < srq->rq.size()) return EINVAL;
+  if ((mask & IBV_SRQ_LIMIT) && attr->srq_limit > max_wr) return EINVAL;
+  srq->max_wr = max_wr;
+  if (mask & IBV_SRQ_LIMIT) srq->limit = attr->srq_limit;
+  return 0;
+}
+
+int query_srq(Srq* srq, ibv_srq_attr* attr) {
+  std::lock_guard<std::mutex> lock(srq->mu);
+  attr->max_wr = srq->max_wr;
+  attr->max_sge = srq->max_sge;
+  attr->srq_limit = srq->limit;
+  return 0;
+}
+
+int destroy_srq(Srq* srq) {
+  if (srq->users.load() != 0) return EBUSY;
+  srq->ctx->async_queue.remove_if([srq](const ibv_async_event& e) {
+    return (e.event_type == IBV_EVENT_SRQ_ERR || e.event_type == IBV_EVENT_SRQ_LIMIT_REACHED) &&
+           e.element.srq == &srq->ibv;
+  });
+  pthread_mutex_lock(&srq->ibv.mutex);
+  while (srq->ibv.events_completed != srq->events_reported)
+    pthread_cond_wait(&srq->ibv.cond, &srq->ibv.mutex);
+  pthread_mutex_unlock(&srq->ibv.mutex);
+  {
+    std::lock_guard<std::mutex> lock(srq->ctx->objects_mu);
+    srq->ctx->srqs.erase(srq);
+  }
+  srq->pd->users--;
+  pthread_mutex_destroy(&srq->ibv.mutex);
+  pthread_cond_destroy(&srq->ibv.cond);
+  srq->magic = kDead;
+  delete srq;
+  return 0;
+}
+
+int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  int err = 0;
+  std::set<uint32_t> waiters;
+  {
+    std::lock_guard<std::mutex> lock(srq->mu);
+    for (; wr; wr = wr->next) {
+      if (srq->rq.size() >= srq->max_wr) {
+        err = ENOMEM;
+        break;
+      }
+      if ((err = check_recv_wr(wr, srq->max_sge))) break;
+      srq->rq.push_back(make_recv_wqe(wr));
+    }
+    waiters.swap(srq->rnr_waiters);
+  }
+  if (err && bad) *bad = wr;
+  for (uint32_t qpn : waiters) engine::kick_qpn(qpn);
+  return err;
+}
+
+}  // namespace softverbs

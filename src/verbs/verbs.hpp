@@ -1,0 +1,88 @@
+// The core verbs API: one function per verb, rdma-core return conventions (positive errno
+// for int verbs, nullptr + errno for constructors). The abi layer forwards to these.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <sys/uio.h>
+
+#include <shared_mutex>
+#include <vector>
+
+#include "verbs/objects.hpp"
+
+namespace softverbs {
+
+// Context and async events
+ibv_context* open_context(ibv_device* dev);
+int close_context(Context* ctx);
+int get_async_event(Context* ctx, ibv_async_event* ev);
+void ack_async_event(ibv_async_event* ev);
+void raise_qp_event(Qp* qp, ibv_event_type type);
+void raise_cq_event(Cq* cq, ibv_event_type type);
+void raise_srq_event(Srq* srq, ibv_event_type type);
+void raise_port_event(ibv_event_type type);  // to every open context
+Context* context_from_cmd_fd(int fd);
+
+// PD, MR, AH
+ibv_pd* alloc_pd(Context* ctx);
+int dealloc_pd(Pd* pd);
+ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access);
+int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access);
+int dereg_mr(Mr* mr);
+ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr);
+int destroy_ah(Ah* ah);
+
+// Completion channels and CQs
+ibv_comp_channel* create_comp_channel(Context* ctx);
+int destroy_comp_channel(CompChannel* ch);
+ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int comp_vector);
+int resize_cq(Cq* cq, int cqe);
+int destroy_cq(Cq* cq);
+int poll_cq(Cq* cq, int num_entries, ibv_wc* wc);
+int req_notify_cq(Cq* cq, int solicited_only);
+int get_cq_event(CompChannel* ch, ibv_cq** cq, void** cq_context);
+void ack_cq_events(Cq* cq, unsigned int nevents);
+// Adds a completion; returns false if the CQ overran (the CQ and its QPs are then in error).
+bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited);
+
+// SRQ
+ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* attr);
+int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask);
+int query_srq(Srq* srq, ibv_srq_attr* attr);
+int destroy_srq(Srq* srq);
+int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+
+// QP
+ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);
+int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask);
+int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
+int destroy_qp(Qp* qp);
+int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// Checks an ibv_modify_qp attribute mask against the IBA transition table (EINVAL if wrong).
+int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int mask);
+
+// The key table: lkeys/rkeys name MRs. Lookups run under a shared lock that the data path
+// holds for a whole operation, so an MR cannot be deregistered mid-copy.
+class MrTable {
+ public:
+  static MrTable& instance();
+  std::shared_mutex& lock() { return mu_; }
+  uint32_t insert(Mr* mr);  // returns the key (lkey == rkey)
+  void erase(uint32_t key);
+  // Under lock(): the MR with this key, or nullptr.
+  Mr* find(uint32_t key) const;
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::vector<Mr*> slots_{nullptr};
+  std::vector<uint8_t> generation_{0};
+  std::vector<uint32_t> free_;
+};
+
+// Resolves one SGE against an MR of `pd` with the given access; returns false if the key,
+// PD, range or access does not fit. Caller holds MrTable::lock().
+bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, unsigned need_access,
+                 iovec* out);
+
+}  // namespace softverbs
