@@ -75,7 +75,9 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     dgid = qp->attr.ah_attr.grh.dgid;
     dqpn = qp->attr.dest_qp_num;
   }
-  wire::QpRef target = wire::transport().find_qp(dgid, dqpn);
+  // A port that is down sends nothing: to the requester that looks like silence.
+  wire::QpRef target;
+  if (Device::instance().port_active()) target = wire::transport().find_qp(dgid, dqpn);
   if (!target)  // nobody answers: RC retries, UC/UD packets are simply lost
     return {qp->type == IBV_QPT_RC ? Outcome::NoResponse : Outcome::Ack};
   return respond(qp, target.get(), w, local, nlocal, w.total_length);

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <set>
 
+#include "engine/engine.hpp"
+#include "verbs/control.hpp"
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
 
@@ -96,8 +98,11 @@ ibv_context* open_context(ibv_device* dev) {
   pthread_mutex_init(&ibv->mutex, nullptr);
   ibv->abi_compat = reinterpret_cast<void*>(UINTPTR_MAX);  // marks a verbs_context
   ctx->vctx.sz = sizeof(verbs_context);
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  g_contexts.insert(ctx);
+  {
+    std::lock_guard<std::mutex> lock(g_contexts_mu);
+    g_contexts.insert(ctx);
+  }
+  control::start_watcher();
   return ibv;
 }
 
@@ -172,6 +177,17 @@ void raise_port_event(ibv_event_type type) {
   ev.event_type = type;
   std::lock_guard<std::mutex> lock(g_contexts_mu);
   for (Context* ctx : g_contexts) ctx->post_async(ev);
+}
+
+void raise_device_fatal() {
+  ibv_async_event ev{};
+  ev.event_type = IBV_EVENT_DEVICE_FATAL;
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) {
+    ctx->post_async(ev);
+    std::lock_guard<std::mutex> objects(ctx->objects_mu);
+    for (Qp* qp : ctx->qps) engine::set_error(qp, -1);
+  }
 }
 
 }  // namespace softverbs

@@ -21,6 +21,8 @@ void raise_qp_event(Qp* qp, ibv_event_type type);
 void raise_cq_event(Cq* cq, ibv_event_type type);
 void raise_srq_event(Srq* srq, ibv_event_type type);
 void raise_port_event(ibv_event_type type);  // to every open context
+// The device failed: DEVICE_FATAL on every open context, and every QP to the error state.
+void raise_device_fatal();
 Context* context_from_cmd_fd(int fd);
 
 // PD, MR, AH
