@@ -4,6 +4,7 @@
 
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
+#include "verbs/errors.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/transport.hpp"
 
@@ -58,16 +59,18 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     for (const Sge& s : w.sges) {
       if (s.length == 0) continue;
       if (!resolve_sge(qp->pd, s.lkey, s.addr, s.length, need, &local[nlocal]))
-        return {Outcome::Error, IBV_WC_LOC_PROT_ERR};
+        return {Outcome::Error, fault_rule(Fault::LocalProtection).requester_status};
       ++nlocal;
     }
   }
-  if (w.total_length > kMaxMsgSize) return {Outcome::Error, IBV_WC_LOC_LEN_ERR};
+  if (w.total_length > kMaxMsgSize)
+    return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
 
   ibv_gid dgid;
   uint32_t dqpn;
   if (qp->type == IBV_QPT_UD) {
-    if (w.total_length > 4096) return {Outcome::Error, IBV_WC_LOC_LEN_ERR};
+    if (w.total_length > 4096)
+      return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
     dgid = w.dgid;
     dqpn = w.remote_qpn;
   } else {
@@ -133,7 +136,8 @@ void run_send_queue(Qp* qp) {
       }
       bool infinite = rnr ? left == 7 : timeout == 0;
       if (!infinite && left == 0) {
-        o = {Outcome::Error, rnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR};
+        o = {Outcome::Error,
+             fault_rule(rnr ? Fault::RnrExhausted : Fault::RetryExhausted).requester_status};
       } else {
         if (!infinite) --left;
         Clock::duration delay = rnr ? std::chrono::microseconds(kRnrDelayUs[o.rnr_timer & 31])
@@ -146,10 +150,9 @@ void run_send_queue(Qp* qp) {
     if (o.kind == Outcome::Error) {
       push_send_completion(qp, w, o.status, 0);
       qp->sq.pop_front();
-      if (qp->type == IBV_QPT_RC) {
+      if (requester_state_after_error(qp->type) == IBV_QPS_ERR) {
         set_error(qp, -1);
       } else {
-        // UC/UD: a send-side error stops only the send queue (SQE); receives go on.
         int expect = st;
         qp->state.compare_exchange_strong(expect, IBV_QPS_SQE);
       }

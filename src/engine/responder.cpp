@@ -7,6 +7,7 @@
 
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
+#include "verbs/errors.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/transport.hpp"
 
@@ -105,15 +106,25 @@ int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
   return cap;
 }
 
-Outcome remote_access_error(Qp* t) {
-  if (t->type != IBV_QPT_RC) return {Outcome::Ack};  // UC: the packet is silently dropped
-  set_error(t, IBV_EVENT_QP_ACCESS_ERR);
-  return {Outcome::Error, IBV_WC_REM_ACCESS_ERR};
+// A responder-side fault: on RC the responder QP reacts as the error table says and the
+// requester gets its NAK status. UC has no NAKs: the message is silently dropped.
+Outcome fault(Qp* t, Fault f) {
+  if (t->type != IBV_QPT_RC) return {Outcome::Ack};
+  const FaultRule rule = fault_rule(f);
+  if (rule.responder_to_error) set_error(t, rule.responder_event);
+  return {Outcome::Error, rule.requester_status};
 }
 
-Outcome invalid_request(Qp* t) {
-  set_error(t, IBV_EVENT_QP_REQ_ERR);
-  return {Outcome::Error, IBV_WC_REM_INV_REQ_ERR};
+// A fault met while delivering into a receive WQE: the WQE completes in error, and a
+// connected QP goes to ERR. UD keeps its QP running (the datagram is just lost).
+Outcome receive_fault(Qp* t, ibv_wc* wc, Fault f) {
+  const FaultRule rule = fault_rule(f);
+  wc->status = rule.responder_status;
+  cq_push(t->recv_cq, *wc, false);
+  if (t->type == IBV_QPT_UD) return {Outcome::Ack};
+  if (rule.responder_to_error) set_error(t, rule.responder_event);
+  if (t->type != IBV_QPT_RC) return {Outcome::Ack};
+  return {Outcome::Error, rule.requester_status};
 }
 
 // Delivers a SEND (or the immediate of a WRITE_WITH_IMM, when `payload` is false) into the
@@ -138,21 +149,9 @@ Outcome deliver_receive(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int 
     iovec dst[Limits::max_sge];
     int ndst;
     int64_t cap = resolve_recv(t, r, dst, &ndst);
-    if (cap < 0) {
-      wc.status = IBV_WC_LOC_PROT_ERR;
-      cq_push(t->recv_cq, wc, false);
-      if (ud) return {Outcome::Ack};
-      set_error(t, -1);
-      return t->type == IBV_QPT_RC ? Outcome{Outcome::Error, IBV_WC_REM_OP_ERR} : Outcome{};
-    }
+    if (cap < 0) return receive_fault(t, &wc, Fault::RecvProtection);
     uint64_t need = len + (ud ? kGrhSize : 0);
-    if (static_cast<uint64_t>(cap) < need) {
-      wc.status = IBV_WC_LOC_LEN_ERR;
-      cq_push(t->recv_cq, wc, false);
-      if (ud) return {Outcome::Ack};
-      set_error(t, -1);
-      return t->type == IBV_QPT_RC ? Outcome{Outcome::Error, IBV_WC_REM_INV_REQ_ERR} : Outcome{};
-    }
+    if (static_cast<uint64_t>(cap) < need) return receive_fault(t, &wc, Fault::RecvTooSmall);
     if (ud) {
       uint8_t grh[kGrhSize];
       build_grh(grh, w.sgid, w.dgid, static_cast<uint32_t>(len));
@@ -215,10 +214,10 @@ Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, 
 
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
-      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return remote_access_error(t);
+      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
       iovec dst{};
       if (len && !resolve_sge(t->pd, w.rkey, w.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, &dst))
-        return remote_access_error(t);
+        return fault(t, Fault::RemoteAccess);
       if (w.opcode == IBV_WR_RDMA_WRITE) {
         if (len) wire::transport().copy(&dst, 1, local, nlocal, len);
         return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
@@ -238,23 +237,23 @@ Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, 
     }
 
     case IBV_WR_RDMA_READ: {
-      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return invalid_request(t);
-      if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return remote_access_error(t);
+      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(t, Fault::RemoteAccess);
       iovec src{};
       if (len && !resolve_sge(t->pd, w.rkey, w.remote_addr, len, IBV_ACCESS_REMOTE_READ, &src))
-        return remote_access_error(t);
+        return fault(t, Fault::RemoteAccess);
       if (len) wire::transport().copy(local, nlocal, &src, 1, len);
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
     }
 
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return invalid_request(t);
-      if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return remote_access_error(t);
-      if (w.remote_addr % 8 != 0) return invalid_request(t);
+      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(t, Fault::RemoteAccess);
+      if (w.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
       iovec target{};
       if (!resolve_sge(t->pd, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, &target))
-        return remote_access_error(t);
+        return fault(t, Fault::RemoteAccess);
       auto* word = static_cast<uint64_t*>(target.iov_base);
       uint64_t old;
       if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
@@ -270,7 +269,7 @@ Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, 
     }
 
     default:
-      return invalid_request(t);
+      return fault(t, Fault::RemoteInvalid);
   }
 }
 
