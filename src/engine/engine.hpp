@@ -10,26 +10,25 @@
 #include <sys/uio.h>
 
 #include "verbs/objects.hpp"
+#include "wire/transport.hpp"
 
 namespace softverbs::engine {
 
 // How the responder answered one request (what a NIC would see as ACK/NAK/silence).
-struct Outcome {
-  enum Kind { Ack, RnrNak, NoResponse, Error } kind = Ack;
-  ibv_wc_status status = IBV_WC_SUCCESS;  // for Error: the requester's completion status
-  uint8_t rnr_timer = 0;                  // for RnrNak: the responder's min_rnr_timer
-  uint32_t byte_len = 0;
-};
+using Outcome = wire::Reply;
+
+// Connects the engine to the transport (responder, kicks); once per process.
+void start();
 
 // Runs `qp`'s send queue as far as it can. Caller holds qp->sq_mu.
 void run_send_queue(Qp* qp);
 // Locks the send queue and runs it (after a timer fired or a receive was posted).
 void kick(Qp* qp);
+// Retries QP `qpn`'s send queue soon, wherever it lives (RNR waiters).
 void kick_qpn(uint32_t qpn);
 
-// Executes one request on the target QP `t` on behalf of requester `s`. `local` is the
-// requester's gather list (SEND/WRITE) or scatter list (READ/atomics).
-Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, uint64_t len);
+// Executes one request on the target QP `t` of this process (the responder role).
+Outcome respond(const wire::Request& req, Qp* t);
 
 // Moves `qp` to ERR, raises `event` (if >= 0) and flushes its queues from the progress thread.
 void set_error(Qp* qp, int event);

@@ -63,7 +63,7 @@ class Progress {
       uint32_t qpn = next->second;
       timers_.erase(next);
       lock.unlock();
-      kick_qpn(qpn);
+      if (wire::QpRef qp = wire::transport().find_local(qpn)) kick(qp.get());
       lock.lock();
     }
   }

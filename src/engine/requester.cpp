@@ -1,4 +1,6 @@
 // Requester and completer: runs the send queue, retries, completes and flushes send WQEs.
+#include <unistd.h>
+
 #include <mutex>
 #include <shared_mutex>
 
@@ -66,24 +68,42 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   if (w.total_length > kMaxMsgSize)
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
 
+  wire::Request req;
+  req.src_qpn = qp->qpn();
+  req.type = qp->type;
+  req.opcode = w.opcode;
+  req.flags = w.flags;
+  req.imm = w.imm;
+  req.remote_addr = w.remote_addr;
+  req.rkey = w.rkey;
+  req.compare_add = w.compare_add;
+  req.swap = w.swap;
+  req.length = w.total_length;
+  req.local = local;
+  req.nlocal = nlocal;
+  req.pid = getpid();
   ibv_gid dgid;
-  uint32_t dqpn;
   if (qp->type == IBV_QPT_UD) {
     if (w.total_length > 4096)
       return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
     dgid = w.dgid;
-    dqpn = w.remote_qpn;
+    req.dst_qpn = w.remote_qpn;
+    req.sgid = w.sgid;
+    req.dgid = w.dgid;
+    // A remote_qkey with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    req.qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
   } else {
     std::lock_guard<std::mutex> lock(qp->attr_mu);
     dgid = qp->attr.ah_attr.grh.dgid;
-    dqpn = qp->attr.dest_qp_num;
+    req.dst_qpn = qp->attr.dest_qp_num;
   }
   // A port that is down sends nothing: to the requester that looks like silence.
-  wire::QpRef target;
-  if (Device::instance().port_active()) target = wire::transport().find_qp(dgid, dqpn);
-  if (!target)  // nobody answers: RC retries, UC/UD packets are simply lost
-    return {qp->type == IBV_QPT_RC ? Outcome::NoResponse : Outcome::Ack};
-  return respond(qp, target.get(), w, local, nlocal, w.total_length);
+  Outcome o = Device::instance().port_active() ? wire::transport().deliver(dgid, req)
+                                                : Outcome{Outcome::NoResponse};
+  // Only RC waits for an answer; for UC and UD an undelivered message is simply lost.
+  if (o.kind == Outcome::NoResponse && qp->type != IBV_QPT_RC) o = {Outcome::Ack};
+  return o;
 }
 
 void check_drained(Qp* qp) {
@@ -169,9 +189,13 @@ void kick(Qp* qp) {
   run_send_queue(qp);
 }
 
-void kick_qpn(uint32_t qpn) {
-  wire::QpRef ref = wire::transport().find_local(qpn);
-  if (ref) kick(ref.get());
+void kick_qpn(uint32_t qpn) { wire::transport().kick(qpn); }
+
+void start() {
+  // Kicks that reach us (a peer posted a receive we were waiting for) run on the progress
+  // thread, never on the caller's: the agent must not block on other processes.
+  wire::transport().set_engine(&respond,
+                               [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); });
 }
 
 void flush_send_queue_locked(Qp* qp) {

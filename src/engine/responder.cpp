@@ -85,13 +85,6 @@ TargetAttrs target_attrs(Qp* t) {
           t->attr.max_dest_rd_atomic, t->attr.qkey};
 }
 
-uint32_t requester_qkey(Qp* s, const SendWqe& w) {
-  // A remote_qkey with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
-  if (!(w.remote_qkey & 0x80000000u)) return w.remote_qkey;
-  std::lock_guard<std::mutex> lock(s->attr_mu);
-  return s->attr.qkey;
-}
-
 // Resolves a receive WQE's scatter list; returns its capacity or -1 on a protection error.
 int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
   int64_t cap = 0;
@@ -129,12 +122,12 @@ Outcome receive_fault(Qp* t, ibv_wc* wc, Fault f) {
 
 // Delivers a SEND (or the immediate of a WRITE_WITH_IMM, when `payload` is false) into the
 // next receive WQE and writes the receive completion.
-Outcome deliver_receive(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal,
-                        uint64_t len, bool payload, uint8_t rnr_timer) {
+Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t rnr_timer) {
+  const uint64_t len = req.length;
   RecvQueue rq(t);
   if (rq.empty()) {
     if (t->type != IBV_QPT_RC) return {Outcome::Ack};  // UC/UD: dropped
-    rq.add_waiter(s->qpn());
+    rq.add_waiter(req.src_qpn);
     return {Outcome::RnrNak, IBV_WC_SUCCESS, rnr_timer};
   }
   RecvWqe r = rq.pop();
@@ -142,7 +135,7 @@ Outcome deliver_receive(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int 
   ibv_wc wc{};
   wc.wr_id = r.wr_id;
   wc.qp_num = t->qpn();
-  wc.src_qp = s->qpn();
+  wc.src_qp = req.src_qpn;
   wc.pkey_index = 0;
   wc.opcode = payload ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM;
   if (payload) {
@@ -154,9 +147,9 @@ Outcome deliver_receive(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int 
     if (static_cast<uint64_t>(cap) < need) return receive_fault(t, &wc, Fault::RecvTooSmall);
     if (ud) {
       uint8_t grh[kGrhSize];
-      build_grh(grh, w.sgid, w.dgid, static_cast<uint32_t>(len));
+      build_grh(grh, req.sgid, req.dgid, static_cast<uint32_t>(len));
       iovec g{grh, kGrhSize};
-      wire::transport().copy(dst, ndst, &g, 1, kGrhSize);
+      wire::copy_local(dst, ndst, &g, 1, kGrhSize);
       // Skip the GRH slot in the scatter list.
       size_t skip = kGrhSize;
       int i = 0;
@@ -167,36 +160,36 @@ Outcome deliver_receive(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int 
         skip -= k;
         if (dst[i].iov_len == 0) ++i;
       }
-      wire::transport().copy(dst + i, ndst - i, local, nlocal, len);
+      if (!wire::copy_from_requester(req, dst + i, ndst - i, len)) return {Outcome::NoResponse};
       wc.wc_flags |= IBV_WC_GRH;
-    } else {
-      wire::transport().copy(dst, ndst, local, nlocal, len);
+    } else if (!wire::copy_from_requester(req, dst, ndst, len)) {
+      return {Outcome::NoResponse};  // the requester vanished mid-message
     }
     wc.byte_len = static_cast<uint32_t>(need);
   } else {
     wc.byte_len = static_cast<uint32_t>(len);
   }
-  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-    wc.imm_data = w.imm;
+  if (req.opcode == IBV_WR_SEND_WITH_IMM || req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    wc.imm_data = req.imm;
     wc.wc_flags |= IBV_WC_WITH_IMM;
   }
   wc.status = IBV_WC_SUCCESS;
-  cq_push(t->recv_cq, wc, (w.flags & IBV_SEND_SOLICITED) != 0);
+  cq_push(t->recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 
 }  // namespace
 
-Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, uint64_t len) {
-  Outcome drop{s->type == IBV_QPT_RC ? Outcome::NoResponse : Outcome::Ack};
-  if (t->type != s->type) return drop;
+Outcome respond(const wire::Request& req, Qp* t) {
+  const uint64_t len = req.length;
+  if (t->type != req.type) return {Outcome::NoResponse};
   int st = t->state.load();
-  if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return drop;  // not listening yet, or dead
+  if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return {Outcome::NoResponse};  // not listening
   TargetAttrs ta = target_attrs(t);
   if (t->type == IBV_QPT_UD) {
-    if (requester_qkey(s, w) != ta.qkey) return drop;
-  } else if (ta.dest_qpn != s->qpn()) {
-    return drop;  // not this QP's connection
+    if (req.qkey != ta.qkey) return {Outcome::NoResponse};
+  } else if (ta.dest_qpn != req.src_qpn) {
+    return {Outcome::NoResponse};  // not this QP's connection
   }
   if (st == IBV_QPS_RTR && t->type != IBV_QPT_UD) {
     // First packet on a connected QP still in RTR: IBA's Communication Established.
@@ -207,42 +200,40 @@ Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, 
     }
   }
 
-  switch (w.opcode) {
+  switch (req.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
-      return deliver_receive(s, t, w, local, nlocal, len, true, ta.min_rnr_timer);
+      return deliver_receive(req, t, true, ta.min_rnr_timer);
 
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
       iovec dst{};
-      if (len && !resolve_sge(t->pd, w.rkey, w.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, &dst))
+      if (len && !resolve_sge(t->pd, req.rkey, req.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, &dst))
         return fault(t, Fault::RemoteAccess);
-      if (w.opcode == IBV_WR_RDMA_WRITE) {
-        if (len) wire::transport().copy(&dst, 1, local, nlocal, len);
-        return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
-      }
-      {
-        // The data must land before the receive completion says so; take the WQE first so
-        // an RNR NAK leaves memory untouched.
+      if (req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+        // The data must land before the receive completion says so; check for a receive
+        // WQE first so that an RNR NAK leaves memory untouched.
         RecvQueue probe(t);
         if (probe.empty()) {
           if (t->type != IBV_QPT_RC) return {Outcome::Ack};
-          probe.add_waiter(s->qpn());
+          probe.add_waiter(req.src_qpn);
           return {Outcome::RnrNak, IBV_WC_SUCCESS, ta.min_rnr_timer};
         }
       }
-      if (len) wire::transport().copy(&dst, 1, local, nlocal, len);
-      return deliver_receive(s, t, w, local, nlocal, len, false, ta.min_rnr_timer);
+      if (len && !wire::copy_from_requester(req, &dst, 1, len)) return {Outcome::NoResponse};
+      if (req.opcode == IBV_WR_RDMA_WRITE)
+        return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+      return deliver_receive(req, t, false, ta.min_rnr_timer);
     }
 
     case IBV_WR_RDMA_READ: {
       if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
       if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(t, Fault::RemoteAccess);
       iovec src{};
-      if (len && !resolve_sge(t->pd, w.rkey, w.remote_addr, len, IBV_ACCESS_REMOTE_READ, &src))
+      if (len && !resolve_sge(t->pd, req.rkey, req.remote_addr, len, IBV_ACCESS_REMOTE_READ, &src))
         return fault(t, Fault::RemoteAccess);
-      if (len) wire::transport().copy(local, nlocal, &src, 1, len);
+      if (len && !wire::copy_to_requester(req, &src, 1, len)) return {Outcome::NoResponse};
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
     }
 
@@ -250,21 +241,22 @@ Outcome respond(Qp* s, Qp* t, const SendWqe& w, const iovec* local, int nlocal, 
     case IBV_WR_ATOMIC_FETCH_AND_ADD: {
       if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
       if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(t, Fault::RemoteAccess);
-      if (w.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
+      if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
       iovec target{};
-      if (!resolve_sge(t->pd, w.rkey, w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, &target))
+      if (!resolve_sge(t->pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, &target))
         return fault(t, Fault::RemoteAccess);
+      // The responder runs in the process that owns the memory: a real CPU atomic.
       auto* word = static_cast<uint64_t*>(target.iov_base);
       uint64_t old;
-      if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-        old = w.compare_add;
-        __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST,
+      if (req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+        old = req.compare_add;
+        __atomic_compare_exchange_n(word, &old, req.swap, false, __ATOMIC_SEQ_CST,
                                     __ATOMIC_SEQ_CST);
       } else {
-        old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+        old = __atomic_fetch_add(word, req.compare_add, __ATOMIC_SEQ_CST);
       }
       iovec result{&old, 8};
-      wire::transport().copy(local, nlocal, &result, 1, 8);
+      if (!wire::copy_to_requester(req, &result, 1, 8)) return {Outcome::NoResponse};
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
     }
 

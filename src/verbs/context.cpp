@@ -103,6 +103,7 @@ ibv_context* open_context(ibv_device* dev) {
     g_contexts.insert(ctx);
   }
   control::start_watcher();
+  engine::start();
   return ibv;
 }
 

@@ -1,10 +1,17 @@
-// How a work request reaches its target QP. The engine asks the transport for the QP
-// named by (GID, QPN) and for a way to move bytes into/out of it. Today: `loop`, every QP
-// lives in this process. Later `shm` (other processes of this host) and `net` (other hosts)
-// implement the same interface.
+// How a work request reaches its target QP.
+//
+// The requester (engine) hands the transport a Request naming the target by (GID, QPN);
+// the transport finds where that QP lives and has the responder run there:
+//  - in this process: directly (the `loop` part, local_qps below);
+//  - in another process of this host: through that process's agent (agent.cpp), a thread
+//    that sleeps on a socket and runs the responder on its own objects, pulling and
+//    pushing payload straight from/to the requester's buffers with cross-memory attach;
+//  - later, other hosts (`net`).
+// The answer is what a NIC would see: ACK, RNR NAK, NAK with an error, or nothing.
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstdint>
@@ -16,7 +23,36 @@ struct Qp;
 
 namespace softverbs::wire {
 
-// Pins a QP against destruction while a peer or the progress thread works on it.
+// One operation as it travels to the responder. `local` is the requester's gather list
+// (SEND/WRITE payload) or scatter list (READ data, atomic result), in process `pid`.
+struct Request {
+  uint32_t src_qpn = 0;
+  uint32_t dst_qpn = 0;
+  ibv_qp_type type = IBV_QPT_RC;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned flags = 0;
+  uint32_t imm = 0;  // network order
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint32_t qkey = 0;  // UD: the effective Q_Key
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  uint64_t length = 0;
+  ibv_gid sgid{};
+  ibv_gid dgid{};
+  const iovec* local = nullptr;
+  int nlocal = 0;
+  pid_t pid = 0;
+};
+
+struct Reply {
+  enum Kind : uint32_t { Ack, RnrNak, NoResponse, Error } kind = Ack;
+  ibv_wc_status status = IBV_WC_SUCCESS;  // Error: the requester's completion status
+  uint8_t rnr_timer = 0;                  // RnrNak: the responder's min_rnr_timer
+  uint32_t byte_len = 0;
+};
+
+// Pins a local QP against destruction while a peer or the progress thread works on it.
 class QpRef {
  public:
   QpRef() = default;
@@ -41,22 +77,35 @@ class QpRef {
   Qp* qp_ = nullptr;
 };
 
+// The responder, as the engine provides it: runs `req` on the local QP `target`.
+using Responder = Reply (*)(const Request& req, Qp* target);
+// Retries a local QP's send queue (RNR waiters, timers).
+using Kicker = void (*)(Qp* qp);
+
 class Transport {
  public:
   virtual ~Transport() = default;
+  virtual void set_engine(Responder responder, Kicker kicker) = 0;
   // A QP number unique on this host (24 bits, never 0, 1 or 0xffffff).
   virtual uint32_t allocate_qpn() = 0;
   virtual void register_qp(Qp* qp) = 0;
   // After this returns no lookup can find the QP and no pinned reference remains.
   virtual void unregister_qp(Qp* qp) = 0;
-  // The QP named by (gid, qpn), or an empty ref if none is reachable.
-  virtual QpRef find_qp(const ibv_gid& gid, uint32_t qpn) = 0;
-  // A QP of this process by number (for timers and deferred work).
+  // A QP of this process by number.
   virtual QpRef find_local(uint32_t qpn) = 0;
-  // Copies `len` bytes between scatter lists that the engine has already validated.
-  virtual void copy(const iovec* dst, int ndst, const iovec* src, int nsrc, size_t len) = 0;
+  // Runs `req` on the QP named by (dgid, req.dst_qpn), wherever it lives on this host.
+  virtual Reply deliver(const ibv_gid& dgid, const Request& req) = 0;
+  // Retries the send queue of QP `qpn` (local or in another process) soon.
+  virtual void kick(uint32_t qpn) = 0;
 };
 
 Transport& transport();
+
+// Payload movement between the requester's buffers (req.local in req.pid) and buffers of
+// this process. Returns false if the requester's memory cannot be reached (it died).
+bool copy_from_requester(const Request& req, const iovec* dst, int ndst, uint64_t len);
+bool copy_to_requester(const Request& req, const iovec* src, int nsrc, uint64_t len);
+// memcpy between two scatter lists of this process.
+void copy_local(const iovec* dst, int ndst, const iovec* src, int nsrc, uint64_t len);
 
 }  // namespace softverbs::wire

@@ -1,0 +1,304 @@
+#include "wire/agent.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "verbs/device.hpp"
+#include "wire/registry.hpp"
+
+namespace softverbs::wire {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x53565731;  // "SVW1"
+constexpr int kMaxWireIov = Limits::max_sge + 1;
+constexpr int kReplyTimeoutMs = 5000;
+
+enum Kind : uint32_t { kExecute = 1, kKick = 2 };
+
+struct WireIov {
+  uint64_t addr;
+  uint64_t len;
+};
+
+// Everything in it comes from another process: the agent checks it before use, and takes
+// the requester's pid from the kernel (SO_PEERCRED), never from the message.
+struct WireRequest {
+  uint32_t magic;
+  uint32_t kind;
+  uint32_t src_qpn;
+  uint32_t dst_qpn;
+  uint32_t type;
+  uint32_t opcode;
+  uint32_t flags;
+  uint32_t imm;
+  uint32_t rkey;
+  uint32_t qkey;
+  uint32_t niov;
+  uint32_t pad;
+  uint64_t remote_addr;
+  uint64_t compare_add;
+  uint64_t swap;
+  uint64_t length;
+  uint8_t sgid[16];
+  uint8_t dgid[16];
+  WireIov iov[kMaxWireIov];
+};
+
+struct WireReply {
+  uint32_t magic;
+  uint32_t kind;
+  uint32_t status;
+  uint32_t rnr_timer;
+  uint32_t byte_len;
+};
+
+bool valid_type(uint32_t t) { return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD; }
+
+bool valid_opcode(uint32_t op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return true;
+    default:
+      return false;
+  }
+}
+
+sockaddr_un make_address(int slot, socklen_t* len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::string name = agent_address(slot);
+  size_t n = std::min(name.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, name.data(), n);
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n);
+  return addr;
+}
+
+// ---- server side -------------------------------------------------------------------------
+
+struct Server {
+  Responder responder = nullptr;
+  Kicker kicker = nullptr;
+  int listen_fd = -1;
+};
+
+// Serves one message; returns false when the connection is gone (then it is closed).
+bool serve_one(const Server& srv, int fd) {
+  WireRequest m;
+  ssize_t n = recv(fd, &m, sizeof(m), 0);
+  if (n <= 0) {
+    close(fd);
+    return false;
+  }
+  if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic) return true;  // garbage
+  if (m.kind == kKick) {
+    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) srv.kicker(qp.get());
+    return true;
+  }
+  WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0};
+  ucred cred{};
+  socklen_t clen = sizeof(cred);
+  if (m.kind == kExecute && m.niov <= kMaxWireIov && valid_type(m.type) &&
+      valid_opcode(m.opcode) && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+    iovec local[kMaxWireIov];
+    for (uint32_t i = 0; i < m.niov; ++i)
+      local[i] = {reinterpret_cast<void*>(m.iov[i].addr), m.iov[i].len};
+    Request req;
+    req.src_qpn = m.src_qpn & 0xffffff;
+    req.dst_qpn = m.dst_qpn & 0xffffff;
+    req.type = static_cast<ibv_qp_type>(m.type);
+    req.opcode = static_cast<ibv_wr_opcode>(m.opcode);
+    req.flags = m.flags;
+    req.imm = m.imm;
+    req.remote_addr = m.remote_addr;
+    req.rkey = m.rkey;
+    req.qkey = m.qkey;
+    req.compare_add = m.compare_add;
+    req.swap = m.swap;
+    req.length = m.length;
+    std::memcpy(req.sgid.raw, m.sgid, 16);
+    std::memcpy(req.dgid.raw, m.dgid, 16);
+    req.local = local;
+    req.nlocal = static_cast<int>(m.niov);
+    req.pid = cred.pid;
+    if (QpRef qp = transport().find_local(req.dst_qpn)) {
+      Reply reply = srv.responder(req, qp.get());
+      r.kind = reply.kind;
+      r.status = reply.status;
+      r.rnr_timer = reply.rnr_timer;
+      r.byte_len = reply.byte_len;
+    }
+  }
+  (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
+  return true;
+}
+
+void serve(Server srv) {
+  std::vector<pollfd> fds{{srv.listen_fd, POLLIN, 0}};
+  for (;;) {
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents & POLLIN) {
+      int c = accept4(srv.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) fds.push_back({c, POLLIN, 0});
+    }
+    for (size_t i = 1; i < fds.size();) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        if (!serve_one(srv, fds[i].fd)) {
+          fds.erase(fds.begin() + static_cast<long>(i));
+          continue;
+        }
+      }
+      ++i;
+    }
+  }
+}
+
+std::mutex g_server_mu;
+pid_t g_server_pid = 0;
+
+// ---- client side -------------------------------------------------------------------------
+
+struct Connection {
+  std::mutex mu;
+  int fd = -1;
+};
+
+std::mutex g_conn_mu;
+pid_t g_conn_pid = 0;
+std::map<int, std::shared_ptr<Connection>>* g_conns = new std::map<int, std::shared_ptr<Connection>>;
+
+std::shared_ptr<Connection> connection(int slot) {
+  std::lock_guard<std::mutex> lock(g_conn_mu);
+  if (g_conn_pid != getpid()) {  // a forked child must not share its parent's sockets
+    g_conns->clear();
+    g_conn_pid = getpid();
+  }
+  auto& c = (*g_conns)[slot];
+  if (!c) c = std::make_shared<Connection>();
+  return c;
+}
+
+// Under c.mu: connects if needed. Returns false if the agent is not there.
+bool ensure_connected(Connection& c, int slot) {
+  if (c.fd >= 0) return true;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  socklen_t len;
+  sockaddr_un addr = make_address(slot, &len);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    close(fd);
+    return false;
+  }
+  c.fd = fd;
+  return true;
+}
+
+void drop(Connection& c) {
+  if (c.fd >= 0) close(c.fd);
+  c.fd = -1;
+}
+
+WireRequest encode(const Request& req, uint32_t kind) {
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kind;
+  m.src_qpn = req.src_qpn;
+  m.dst_qpn = req.dst_qpn;
+  m.type = req.type;
+  m.opcode = req.opcode;
+  m.flags = req.flags;
+  m.imm = req.imm;
+  m.rkey = req.rkey;
+  m.qkey = req.qkey;
+  m.remote_addr = req.remote_addr;
+  m.compare_add = req.compare_add;
+  m.swap = req.swap;
+  m.length = req.length;
+  std::memcpy(m.sgid, req.sgid.raw, 16);
+  std::memcpy(m.dgid, req.dgid.raw, 16);
+  m.niov = static_cast<uint32_t>(std::min(req.nlocal, kMaxWireIov));
+  for (uint32_t i = 0; i < m.niov; ++i)
+    m.iov[i] = {reinterpret_cast<uint64_t>(req.local[i].iov_base), req.local[i].iov_len};
+  return m;
+}
+
+}  // namespace
+
+void start_agent(Responder responder, Kicker kicker) {
+  std::lock_guard<std::mutex> lock(g_server_mu);
+  if (g_server_pid == getpid()) return;
+  g_server_pid = getpid();
+  int slot = my_slot();
+  if (slot == 0) return;  // no registry: this process is reachable only from itself
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  socklen_t len;
+  sockaddr_un addr = make_address(slot, &len);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 64) != 0) {
+    close(fd);
+    return;
+  }
+  std::thread(serve, Server{responder, kicker, fd}).detach();
+}
+
+Reply agent_call(int slot, const Request& req) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!ensure_connected(*c, slot)) return {Reply::NoResponse};
+  WireRequest m = encode(req, kExecute);
+  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
+    drop(*c);
+    return {Reply::NoResponse};
+  }
+  pollfd p{c->fd, POLLIN, 0};
+  WireReply r{};
+  int ready;
+  do {
+    ready = poll(&p, 1, kReplyTimeoutMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0 || recv(c->fd, &r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r)) ||
+      r.magic != kMagic || r.kind > Reply::Error) {
+    drop(*c);  // the stream is out of step now: start afresh next time
+    return {Reply::NoResponse};
+  }
+  Reply out;
+  out.kind = static_cast<Reply::Kind>(r.kind);
+  out.status = static_cast<ibv_wc_status>(r.status);
+  out.rnr_timer = static_cast<uint8_t>(r.rnr_timer & 31);
+  out.byte_len = r.byte_len;
+  if (out.kind == Reply::Error && out.status == IBV_WC_SUCCESS) out.status = IBV_WC_GENERAL_ERR;
+  return out;
+}
+
+void agent_kick(int slot, uint32_t qpn) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!ensure_connected(*c, slot)) return;
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kKick;
+  m.dst_qpn = qpn;
+  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
+    drop(*c);
+}
+
+}  // namespace softverbs::wire

@@ -1,0 +1,19 @@
+// The agent: one thread per process that serves requests from other processes of this
+// host for the QPs of this process. It sleeps in poll(2) on its sockets (never spins),
+// runs the responder on the target QP and answers; payload moves directly between the
+// requester's buffers and ours with cross-memory attach, so no copy goes through the socket.
+#pragma once
+
+#include "wire/transport.hpp"
+
+namespace softverbs::wire {
+
+// Starts the agent of this process (once, and again in a forked child).
+void start_agent(Responder responder, Kicker kicker);
+// Sends `req` to the agent of `slot` and waits for its answer. A peer that is gone, or
+// does not answer within the deadline, is NoResponse.
+Reply agent_call(int slot, const Request& req);
+// Asks the agent of `slot` to retry the send queue of QP `qpn` (no answer expected).
+void agent_kick(int slot, uint32_t qpn);
+
+}  // namespace softverbs::wire

@@ -1,0 +1,96 @@
+#include "wire/registry.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <functional>
+#include <mutex>
+
+#include "verbs/control.hpp"
+
+namespace softverbs::wire {
+
+namespace {
+
+struct Entry {
+  std::atomic<int32_t> pid;
+  uint32_t reserved;
+};
+static_assert(sizeof(Entry) == 8);
+
+std::mutex g_mu;
+Entry* g_table = nullptr;
+pid_t g_owner = 0;
+int g_slot = 0;
+
+bool alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+Entry* map_table() {
+  if (g_table) return g_table;
+  std::string dir = control::state_dir();
+  mkdir(dir.c_str(), 0700);
+  std::string path = dir + "/registry";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return nullptr;
+  size_t size = sizeof(Entry) * kSlots;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) < size && ftruncate(fd, size) != 0) {
+    close(fd);
+    return nullptr;
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  g_table = static_cast<Entry*>(p);
+  return g_table;
+}
+
+}  // namespace
+
+int my_slot() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  pid_t self = getpid();
+  if (g_owner == self) return g_slot;
+  g_owner = self;
+  g_slot = 0;
+  Entry* table = map_table();
+  if (!table) return 0;
+  // Slot 0 and the last slot are never used: QPNs 0, 1 and 0xffffff are reserved.
+  for (int s = 1; s < kSlots - 1; ++s) {
+    int32_t cur = table[s].pid.load();
+    if (cur == self) {  // left over from an earlier process with our pid: take it over
+      g_slot = s;
+      break;
+    }
+    if (cur > 0 && alive(cur)) continue;
+    if (table[s].pid.compare_exchange_strong(cur, self)) {
+      g_slot = s;
+      break;
+    }
+  }
+  return g_slot;
+}
+
+pid_t slot_owner(int slot) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table || slot <= 0 || slot >= kSlots) return 0;
+  int32_t pid = table[slot].pid.load();
+  return pid > 0 ? pid : 0;
+}
+
+std::string agent_address(int slot) {
+  // Abstract namespace: no file to clean up when a process dies.
+  // The state directory is part of the name: registries in different directories (tests
+  // use private ones) hand out the same slot numbers.
+  return std::string(1, '\0') + "softverbs-" + std::to_string(getuid()) + "-" +
+         std::to_string(std::hash<std::string>{}(control::state_dir())) + "-agent-" +
+         std::to_string(slot);
+}
+
+}  // namespace softverbs::wire

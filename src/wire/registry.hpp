@@ -1,0 +1,28 @@
+// The host registry: which process owns which block of QP numbers. A small file in the
+// state directory, mapped by every softverbs process of the user; no daemon.
+// A QPN is (slot << kQpnSlotShift) | index, so any process can tell from a QPN (learned
+// out of band, e.g. by ibv_rc_pingpong's TCP exchange) which process to ask.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace softverbs::wire {
+
+inline constexpr int kSlots = 1024;
+inline constexpr int kQpnSlotShift = 14;
+inline constexpr uint32_t kQpnIndexMask = (1u << kQpnSlotShift) - 1;
+
+// This process's slot, claimed on first use (and again in a forked child). A slot whose
+// owner died is reclaimed. Returns 0 when no registry is available (then every QP is
+// reachable only from this process).
+int my_slot();
+// The process registered in `slot`, or 0.
+pid_t slot_owner(int slot);
+inline int slot_of_qpn(uint32_t qpn) { return static_cast<int>(qpn >> kQpnSlotShift); }
+// The abstract Unix socket address of the agent serving `slot`.
+std::string agent_address(int slot);
+
+}  // namespace softverbs::wire
