@@ -4,8 +4,9 @@
  *
  * - ibv_destroy_cq on a CQ with one retrieved but unacked event blocks until another thread
  *   acks it (checked by ordering flags, never by timing).
- * - Events queued but never retrieved do not block ibv_destroy_cq; they vanish with the CQ,
- *   while the events of other CQs on the same channel stay.
+ * - Events queued but never retrieved do not block ibv_destroy_cq; they vanish with the CQ
+ *   (the channel fd stops being readable when they were the only ones), while the events of
+ *   other CQs on the same channel stay.
  * - ibv_destroy_comp_channel returns EBUSY while a CQ uses the channel (which keeps working),
  *   and succeeds once the CQs are gone.
  * - Acks count per CQ: two events of one CQ acked with a single ibv_ack_cq_events(cq, 2)
@@ -75,7 +76,19 @@ int main(void)
 	p1.rcq[1] = NULL;
 	sv_expect_no_cq_event(ch, "nothing else was armed");
 
-	sv_step("queued, never retrieved events do not block destroy and vanish");
+	sv_step("a CQ's only queued event vanishes with it: the fd is no longer readable");
+	struct sv_pair p4;
+	sv_pair_open(&dev, &cfg, &p4);
+	CHECK_OK(ibv_req_notify_cq(p4.rcq[1], 0));
+	fire(&p4, 0);
+	CHECK(sv_fd_readable(ch->fd, SV_WAIT_MS));
+	destroy_qps(&p4);
+	CHECK_OK(ibv_destroy_cq(p4.rcq[1])); /* the watchdog fails the test if this blocks */
+	p4.rcq[1] = NULL;
+	CHECKF(!sv_fd_readable(ch->fd, 0), "channel fd still readable after its CQ was destroyed");
+	sv_pair_destroy(&p4);
+
+	sv_step("queued, never retrieved events do not block destroy; other CQs' events stay");
 	sv_pair_open(&dev, &cfg, &p2);
 	CHECK_OK(ibv_req_notify_cq(p2.rcq[1], 0));
 	CHECK_OK(ibv_req_notify_cq(p2.scq[0], 0));
