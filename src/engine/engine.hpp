@@ -41,6 +41,10 @@ void cq_overrun(Cq* cq, bool first);
 void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len);
 void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status);
 
+// Peer processes: connected QPs fail when the process at the other end dies.
+void watch_peer_of(Qp* qp);  // after a connected QP learned its destination
+void peer_died(int slot);
+
 // Progress thread services.
 void schedule_kick(uint32_t qpn, Clock::time_point when);
 void schedule_flush(uint32_t qpn);

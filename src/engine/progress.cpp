@@ -1,19 +1,31 @@
-// The progress thread: timed retries (RNR NAK, no response) and deferred flushes.
-// It sleeps on a condition variable until the next deadline or new work; it never spins.
+// The progress thread: timed retries (RNR NAK, no response), deferred flushes, and peers
+// that die. It sleeps in poll(2) on an eventfd (new work) and on one pidfd per peer
+// process this process is connected to, with a timeout at the next retry deadline; it
+// never spins.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "engine/engine.hpp"
+#include "verbs/verbs.hpp"
+#include "wire/registry.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {
 
 namespace {
+
+struct Peer {
+  pid_t pid;
+  int pidfd;
+};
 
 class Progress {
  public:
@@ -21,22 +33,46 @@ class Progress {
     std::lock_guard<std::mutex> lock(mu_);
     start_locked();
     timers_.emplace(when, qpn);
-    cv_.notify_one();
+    wake();
   }
   void flush(uint32_t qpn) {
     std::lock_guard<std::mutex> lock(mu_);
     start_locked();
     flushes_.push_back(qpn);
-    cv_.notify_one();
+    wake();
+  }
+  void watch(int slot, pid_t pid) {
+    std::lock_guard<std::mutex> lock(mu_);
+    start_locked();
+    auto it = peers_.find(slot);
+    if (it != peers_.end() && it->second.pid == pid) return;
+    int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (fd < 0) {  // already gone
+      dead_slots_.push_back(slot);
+    } else {
+      if (it != peers_.end()) close(it->second.pidfd);
+      peers_[slot] = {pid, fd};
+    }
+    wake();
   }
 
  private:
+  void wake() {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+
   // Started on first use, and again in a forked child (threads do not survive fork).
   void start_locked() {
     if (owner_ == getpid()) return;
     owner_ = getpid();
     timers_.clear();
     flushes_.clear();
+    dead_slots_.clear();
+    for (auto& [slot, peer] : peers_) close(peer.pidfd);
+    peers_.clear();
+    if (wake_fd_ >= 0) close(wake_fd_);
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     std::thread([this] { run(); }).detach();
   }
 
@@ -51,27 +87,57 @@ class Progress {
         lock.lock();
         continue;
       }
-      if (timers_.empty()) {
-        cv_.wait(lock);
+      if (!dead_slots_.empty()) {
+        int slot = dead_slots_.front();
+        dead_slots_.pop_front();
+        lock.unlock();
+        peer_died(slot);
+        lock.lock();
         continue;
       }
       auto next = timers_.begin();
-      if (next->first > Clock::now()) {
-        cv_.wait_until(lock, next->first);
+      if (next != timers_.end() && next->first <= Clock::now()) {
+        uint32_t qpn = next->second;
+        timers_.erase(next);
+        lock.unlock();
+        if (wire::QpRef qp = wire::transport().find_local(qpn)) kick(qp.get());
+        lock.lock();
         continue;
       }
-      uint32_t qpn = next->second;
-      timers_.erase(next);
+      int timeout = -1;
+      if (next != timers_.end()) {
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next->first - Clock::now());
+        timeout = static_cast<int>(std::max<int64_t>(0, ms.count()));
+      }
+      std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+      std::vector<int> slots{0};
+      for (auto& [slot, peer] : peers_) {
+        fds.push_back({peer.pidfd, POLLIN, 0});
+        slots.push_back(slot);
+      }
       lock.unlock();
-      if (wire::QpRef qp = wire::transport().find_local(qpn)) kick(qp.get());
+      int n = poll(fds.data(), fds.size(), timeout);
       lock.lock();
+      if (n <= 0) continue;
+      uint64_t drain;
+      if (fds[0].revents) (void)!read(wake_fd_, &drain, sizeof(drain));
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        auto it = peers_.find(slots[i]);
+        if (it == peers_.end() || it->second.pidfd != fds[i].fd) continue;
+        close(it->second.pidfd);
+        peers_.erase(it);
+        dead_slots_.push_back(slots[i]);
+      }
     }
   }
 
   std::mutex mu_;
-  std::condition_variable cv_;
   std::multimap<Clock::time_point, uint32_t> timers_;
   std::deque<uint32_t> flushes_;
+  std::deque<int> dead_slots_;
+  std::map<int, Peer> peers_;
+  int wake_fd_ = -1;
   pid_t owner_ = 0;
 };
 
@@ -85,5 +151,34 @@ Progress& progress() {
 
 void schedule_kick(uint32_t qpn, Clock::time_point when) { progress().kick_at(qpn, when); }
 void schedule_flush(uint32_t qpn) { progress().flush(qpn); }
+
+void watch_peer_of(Qp* qp) {
+  if (qp->type == IBV_QPT_UD) return;
+  uint32_t dest;
+  {
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    dest = qp->attr.dest_qp_num;
+  }
+  int slot = wire::slot_of_qpn(dest);
+  if (slot == wire::my_slot()) return;
+  pid_t pid = wire::slot_owner(slot);
+  if (pid > 0) progress().watch(slot, pid);
+}
+
+void peer_died(int slot) {
+  // A connected QP whose peer process is gone will never hear from it again: it fails as
+  // a QP does on a fatal error (ERR, IBV_EVENT_QP_FATAL, outstanding work flushed).
+  for_each_qp([slot](Qp* qp) {
+    if (qp->type == IBV_QPT_UD) return;
+    int st = qp->state.load();
+    if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return;
+    uint32_t dest;
+    {
+      std::lock_guard<std::mutex> lock(qp->attr_mu);
+      dest = qp->attr.dest_qp_num;
+    }
+    if (wire::slot_of_qpn(dest) == slot) set_error(qp, IBV_EVENT_QP_FATAL);
+  });
+}
 
 }  // namespace softverbs::engine

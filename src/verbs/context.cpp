@@ -180,15 +180,22 @@ void raise_port_event(ibv_event_type type) {
   for (Context* ctx : g_contexts) ctx->post_async(ev);
 }
 
+void for_each_qp(const std::function<void(Qp*)>& fn) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) {
+    std::lock_guard<std::mutex> objects(ctx->objects_mu);
+    for (Qp* qp : ctx->qps) fn(qp);
+  }
+}
+
 void raise_device_fatal() {
   ibv_async_event ev{};
   ev.event_type = IBV_EVENT_DEVICE_FATAL;
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  for (Context* ctx : g_contexts) {
-    ctx->post_async(ev);
-    std::lock_guard<std::mutex> objects(ctx->objects_mu);
-    for (Qp* qp : ctx->qps) engine::set_error(qp, -1);
+  {
+    std::lock_guard<std::mutex> lock(g_contexts_mu);
+    for (Context* ctx : g_contexts) ctx->post_async(ev);
   }
+  for_each_qp([](Qp* qp) { engine::set_error(qp, -1); });
 }
 
 }  // namespace softverbs

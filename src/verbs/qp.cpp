@@ -298,6 +298,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
     engine::run_send_queue(qp);  // raises SQ_DRAINED at once if nothing is in flight
   } else {
     qp->state.store(next);
+    if (next == IBV_QPS_RTR) engine::watch_peer_of(qp);
     if (next == IBV_QPS_RTS) engine::kick(qp);  // WQEs posted in SQD/SQE may run now
   }
   qp->qp()->state = next;

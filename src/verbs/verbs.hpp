@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 #include <sys/uio.h>
 
+#include <functional>
 #include <shared_mutex>
 #include <vector>
 
@@ -23,6 +24,9 @@ void raise_srq_event(Srq* srq, ibv_event_type type);
 void raise_port_event(ibv_event_type type);  // to every open context
 // The device failed: DEVICE_FATAL on every open context, and every QP to the error state.
 void raise_device_fatal();
+// Calls fn for every QP of every open context (under their locks; fn must not create or
+// destroy objects).
+void for_each_qp(const std::function<void(Qp*)>& fn);
 Context* context_from_cmd_fd(int fd);
 
 // PD, MR, AH
