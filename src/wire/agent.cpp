@@ -5,7 +5,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <sys/uio.h>
+
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -24,7 +28,13 @@ constexpr uint32_t kMagic = 0x53565731;  // "SVW1"
 constexpr int kMaxWireIov = Limits::max_sge + 1;
 constexpr int kReplyTimeoutMs = 5000;
 
-enum Kind : uint32_t { kExecute = 1, kKick = 2 };
+enum Kind : uint32_t { kExecute = 1, kKick = 2, kProbe = 3 };
+
+// How payload travels on a connection: straight between the two processes' buffers with
+// cross-memory attach, or, where the kernel refuses that (no CAP_SYS_PTRACE in some
+// containers, Yama), through the socket in chunks after the request / reply.
+enum CopyMode : uint32_t { kCrossMemory = 0, kThroughSocket = 1 };
+constexpr size_t kChunk = 64 * 1024;
 
 struct WireIov {
   uint64_t addr;
@@ -45,7 +55,7 @@ struct WireRequest {
   uint32_t rkey;
   uint32_t qkey;
   uint32_t niov;
-  uint32_t pad;
+  uint32_t copy_mode;
   uint64_t remote_addr;
   uint64_t compare_add;
   uint64_t swap;
@@ -90,6 +100,62 @@ sockaddr_un make_address(int slot, socklen_t* len) {
   return addr;
 }
 
+bool carries_payload(uint32_t op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+         op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+uint64_t returned_length(uint32_t op, uint64_t length) {
+  if (op == IBV_WR_RDMA_READ) return length;
+  if (op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD) return 8;
+  return 0;
+}
+
+// Sends `len` bytes gathered from `iov` as chunk messages.
+bool send_chunks(int fd, const iovec* iov, int n, uint64_t len) {
+  std::vector<char> buf(std::min<uint64_t>(len, kChunk));
+  int i = 0;
+  size_t off = 0;
+  while (len > 0) {
+    size_t fill = 0, want = std::min<uint64_t>(len, kChunk);
+    while (fill < want && i < n) {
+      size_t k = std::min(want - fill, iov[i].iov_len - off);
+      std::memcpy(buf.data() + fill, static_cast<char*>(iov[i].iov_base) + off, k);
+      fill += k;
+      off += k;
+      if (off == iov[i].iov_len) ++i, off = 0;
+    }
+    if (fill != want) return false;
+    if (send(fd, buf.data(), want, MSG_NOSIGNAL) != static_cast<ssize_t>(want)) return false;
+    len -= want;
+  }
+  return true;
+}
+
+// Receives `len` bytes of chunk messages, scattering them into `iov`.
+bool recv_chunks(int fd, const iovec* iov, int n, uint64_t len) {
+  std::vector<char> buf(std::min<uint64_t>(len, kChunk));
+  int i = 0;
+  size_t off = 0;
+  while (len > 0) {
+    size_t want = std::min<uint64_t>(len, kChunk);
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, kReplyTimeoutMs) <= 0) return false;
+    if (recv(fd, buf.data(), want, 0) != static_cast<ssize_t>(want)) return false;
+    size_t used = 0;
+    while (used < want && i < n) {
+      size_t k = std::min(want - used, iov[i].iov_len - off);
+      std::memcpy(static_cast<char*>(iov[i].iov_base) + off, buf.data() + used, k);
+      used += k;
+      off += k;
+      if (off == iov[i].iov_len) ++i, off = 0;
+    }
+    if (used != want) return false;
+    len -= want;
+  }
+  return true;
+}
+
 // ---- server side -------------------------------------------------------------------------
 
 struct Server {
@@ -114,11 +180,37 @@ bool serve_one(const Server& srv, int fd) {
   WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0};
   ucred cred{};
   socklen_t clen = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return true;
+  if (m.kind == kProbe) {
+    // Can we reach the requester's memory? Read the word it pointed us at.
+    uint64_t word = 0;
+    iovec ours{&word, sizeof(word)}, theirs{reinterpret_cast<void*>(m.iov[0].addr), sizeof(word)};
+    bool ok = process_vm_readv(cred.pid, &ours, 1, &theirs, 1, 0) == sizeof(word) &&
+              word == m.compare_add;
+    r.kind = ok ? Reply::Ack : Reply::Error;
+    (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
+    return true;
+  }
+  bool through_socket = m.copy_mode == kThroughSocket;
+  std::vector<char> staging;  // through-socket mode: the payload, in our memory
+  if (through_socket && m.kind == kExecute && m.length <= kMaxMsgSize) {
+    staging.resize(std::max(m.length, returned_length(m.opcode, m.length)));
+    iovec all{staging.data(), staging.size()};
+    if (carries_payload(m.opcode) && !recv_chunks(fd, &all, 1, m.length)) {
+      close(fd);
+      return false;
+    }
+  }
   if (m.kind == kExecute && m.niov <= kMaxWireIov && valid_type(m.type) &&
-      valid_opcode(m.opcode) && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+      valid_opcode(m.opcode) && m.length <= kMaxMsgSize) {
     iovec local[kMaxWireIov];
     for (uint32_t i = 0; i < m.niov; ++i)
       local[i] = {reinterpret_cast<void*>(m.iov[i].addr), m.iov[i].len};
+    if (through_socket) {
+      local[0] = {staging.data(), staging.size()};
+      m.niov = 1;
+      cred.pid = getpid();  // the payload is in our memory now
+    }
     Request req;
     req.src_qpn = m.src_qpn & 0xffffff;
     req.dst_qpn = m.dst_qpn & 0xffffff;
@@ -145,7 +237,14 @@ bool serve_one(const Server& srv, int fd) {
       r.byte_len = reply.byte_len;
     }
   }
-  (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
+  if (send(fd, &r, sizeof(r), MSG_NOSIGNAL) != sizeof(r)) return true;
+  if (through_socket && r.kind == Reply::Ack && returned_length(m.opcode, m.length)) {
+    iovec all{staging.data(), staging.size()};
+    if (!send_chunks(fd, &all, 1, returned_length(m.opcode, m.length))) {
+      close(fd);
+      return false;
+    }
+  }
   return true;
 }
 
@@ -180,7 +279,40 @@ pid_t g_server_pid = 0;
 struct Connection {
   std::mutex mu;
   int fd = -1;
+  CopyMode mode = kCrossMemory;
 };
+
+bool cma_disabled_by_env() {
+  const char* v = getenv("SOFTVERBS_NO_CMA");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// Asks the agent whether it can read our memory; says once per process when it cannot.
+CopyMode probe_copy_mode(int fd) {
+  if (cma_disabled_by_env()) return kThroughSocket;
+  static const uint64_t probe_word = 0x5356434d41ull;  // "SVCMA"
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kProbe;
+  m.niov = 1;
+  m.iov[0] = {reinterpret_cast<uint64_t>(&probe_word), sizeof(probe_word)};
+  m.compare_add = probe_word;
+  WireReply r{};
+  pollfd p{fd, POLLIN, 0};
+  bool ok = send(fd, &m, sizeof(m), MSG_NOSIGNAL) == sizeof(m) &&
+            poll(&p, 1, kReplyTimeoutMs) > 0 && recv(fd, &r, sizeof(r), 0) == sizeof(r) &&
+            r.magic == kMagic && r.kind == Reply::Ack;
+  if (!ok) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      std::fprintf(stderr,
+                   "softverbs: cross-memory attach between processes is refused here; "
+                   "copying payload through sockets instead (slower)\n");
+    });
+    return kThroughSocket;
+  }
+  return kCrossMemory;
+}
 
 std::mutex g_conn_mu;
 pid_t g_conn_pid = 0;
@@ -209,6 +341,7 @@ bool ensure_connected(Connection& c, int slot) {
     return false;
   }
   c.fd = fd;
+  c.mode = probe_copy_mode(fd);
   return true;
 }
 
@@ -265,7 +398,10 @@ Reply agent_call(int slot, const Request& req) {
   std::lock_guard<std::mutex> lock(c->mu);
   if (!ensure_connected(*c, slot)) return {Reply::NoResponse};
   WireRequest m = encode(req, kExecute);
-  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
+  m.copy_mode = c->mode;
+  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m)) ||
+      (c->mode == kThroughSocket && carries_payload(m.opcode) &&
+       !send_chunks(c->fd, req.local, req.nlocal, req.length))) {
     drop(*c);
     return {Reply::NoResponse};
   }
@@ -286,6 +422,12 @@ Reply agent_call(int slot, const Request& req) {
   out.rnr_timer = static_cast<uint8_t>(r.rnr_timer & 31);
   out.byte_len = r.byte_len;
   if (out.kind == Reply::Error && out.status == IBV_WC_SUCCESS) out.status = IBV_WC_GENERAL_ERR;
+  uint64_t back = returned_length(m.opcode, m.length);
+  if (c->mode == kThroughSocket && out.kind == Reply::Ack && back &&
+      !recv_chunks(c->fd, req.local, req.nlocal, back)) {
+    drop(*c);
+    return {Reply::NoResponse};
+  }
   return out;
 }
 
