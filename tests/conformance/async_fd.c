@@ -8,6 +8,8 @@
  *   while the main thread holds the COMM_EST event; checked by ordering flags).
  * - IBV_EVENT_SQ_DRAINED: RTS -> SQD with en_sqd_async_notify = 1.
  * - IBV_EVENT_QP_LAST_WQE_REACHED: a QP attached to an SRQ is moved to the error state.
+ * - An event that was queued but never retrieved does not hold ibv_destroy_qp, and vanishes
+ *   with its QP: the async fd stops being readable.
  */
 #include "common.h"
 
@@ -132,6 +134,24 @@ static void test_last_wqe_reached(void)
 	sv_pair_destroy(&p);
 }
 
+static void test_unretrieved_event_vanishes(void)
+{
+	sv_step("an async event never retrieved does not block ibv_destroy_qp and vanishes");
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	cfg.use_srq = 1;
+	struct sv_pair p;
+	sv_pair_open(&dev, &cfg, &p);
+	CHECK(!sv_fd_readable(dev.ctx->async_fd, 0));
+	CHECK_OK(sv_modify_state(p.qp[1], IBV_QPS_ERR)); /* queues QP_LAST_WQE_REACHED for B */
+	CHECKF(sv_fd_readable(dev.ctx->async_fd, SV_WAIT_MS), "no async event for B");
+	CHECK_OK(ibv_destroy_qp(p.qp[1])); /* the watchdog fails the test if this blocks */
+	p.qp[1] = NULL;
+	CHECKF(!sv_fd_readable(dev.ctx->async_fd, 0),
+	       "async fd still readable after the QP of its only event was destroyed");
+	sv_pair_destroy(&p);
+}
+
 int main(void)
 {
 	sv_init("async_fd");
@@ -139,6 +159,7 @@ int main(void)
 	test_nonblocking_and_comm_est();
 	test_sq_drained();
 	test_last_wqe_reached();
+	test_unretrieved_event_vanishes();
 	sv_step("teardown");
 	expect_no_async("at the end");
 	sv_close(&dev);
