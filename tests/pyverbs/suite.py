@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Runs rdma-core's tests/run_tests.py unchanged, with three additions.
+
+- Known failures: tests listed in a known-failures file still run. When one fails the
+  way the file expects, it is reported as skipped ("known failure: REASON"). When
+  it fails otherwise, that is a real failure; when it passes, that fails too, so that the
+  file's entry gets removed once the bug is fixed.
+- A summary after unittest's output: counts, then the id of every failure and error.
+- The seed of Python's `random`, which the suite uses for QP capabilities, create flags,
+  PSNs and the GID it picks: printed, and settable, so that a run can be repeated.
+
+Usage: suite.py [--seed N] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]
+A known-failures file holds one test per line, three fields separated by ' | ': the full
+test id, a regular expression that its failure ("ExceptionType: message") must match, and
+the reason. '#' starts a comment.
+Exit status: unittest's (non-zero on any failure or error), or 1 when no test ran.
+"""
+import os
+import random
+import re
+import runpy
+import sys
+import unittest
+
+KNOWN_FAILURE = 'known failure: '
+
+
+def usage_error(message):
+    print(f'suite.py: {message}', file=sys.stderr)
+    sys.exit(2)
+
+
+def read_known_failures(path):
+    known = {}
+    with open(path, encoding='utf-8') as lines:
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith('#'):
+                continue
+            fields = [field.strip() for field in line.split(' | ')]
+            if len(fields) != 3 or not all(fields):
+                usage_error(f'{path}:{number}: want "TEST_ID | MESSAGE REGEX | REASON"')
+            try:
+                pattern = re.compile(fields[1])
+            except re.error as bad:
+                usage_error(f'{path}:{number}: {bad}')
+            known[fields[0]] = (pattern, fields[2])
+    return known
+
+
+def parse_args(argv):
+    known = {}
+    seed = None
+    while argv and argv[0] in ('--known-failures', '--seed'):
+        if len(argv) < 2:
+            usage_error(f'{argv[0]} needs a value')
+        if argv[0] == '--seed':
+            if not argv[1].isdigit():
+                usage_error(f'--seed wants a number, not "{argv[1]}"')
+            seed = int(argv[1])
+        else:
+            known.update(read_known_failures(argv[1]))
+        argv = argv[2:]
+    if not argv:
+        usage_error('usage: suite.py [--seed N] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]')
+    return seed, known, argv[0], argv[1:]
+
+
+def test_cases(suite):
+    for test in suite:
+        if isinstance(test, unittest.TestSuite):
+            yield from test_cases(test)
+        else:
+            yield test
+
+
+def expect_failure(test, pattern, reason):
+    """Wraps the test method: the expected failure becomes a skip, a pass a failure."""
+    method = getattr(test, test._testMethodName)
+
+    def known_failure():
+        try:
+            method()
+        except unittest.SkipTest:
+            raise
+        except Exception as failure:
+            if not pattern.search(f'{type(failure).__name__}: {failure}'):
+                raise
+            raise unittest.SkipTest(KNOWN_FAILURE + reason) from failure
+        raise AssertionError('listed as a known failure but passed: remove it from the '
+                             'known-failures file')
+
+    setattr(test, test._testMethodName, known_failure)
+
+
+def print_summary(result):
+    known = sum(1 for _, why in result.skipped if why.startswith(KNOWN_FAILURE))
+    skipped = len(result.skipped) - known
+    broken = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    passed = result.testsRun - broken - len(result.skipped) - len(result.expectedFailures)
+    extra = ''
+    if result.expectedFailures:
+        extra += f', {len(result.expectedFailures)} expected failures'
+    if result.unexpectedSuccesses:
+        extra += f', {len(result.unexpectedSuccesses)} unexpected successes'
+    print(f'\npyverbs suite: ran {result.testsRun}: {passed} passed, '
+          f'{len(result.failures)} failures, {len(result.errors)} errors, {skipped} skipped, '
+          f'{known} known failures{extra}')
+    for kind, entries in (('FAIL', result.failures), ('ERROR', result.errors)):
+        for test, _ in entries:
+            print(f'  {kind}: {test.id()}')
+    for test in result.unexpectedSuccesses:
+        print(f'  UNEXPECTED SUCCESS: {test.id()}')
+
+
+def loaded_libibverbs():
+    with open('/proc/self/maps', encoding='utf-8') as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if os.path.basename(path).startswith('libibverbs.so'):
+                return path
+    return 'not loaded'
+
+
+def main():
+    seed, known, run_tests, args = parse_args(sys.argv[1:])
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+    random.seed(seed)
+    import pyverbs.device  # loads libibverbs.so.1, as the suite will
+    print(f'pyverbs: {os.path.dirname(pyverbs.device.__file__)}')
+    print(f'libibverbs: {loaded_libibverbs()}')
+    print(f'random seed: {seed} (repeat this run with --seed {seed})', flush=True)
+
+    results = []
+    original_run = unittest.TextTestRunner.run
+
+    def run(runner, suite):
+        for test in test_cases(suite):
+            if test.id() in known:
+                expect_failure(test, *known[test.id()])
+        result = original_run(runner, suite)
+        print_summary(result)
+        results.append(result)
+        return result
+
+    unittest.TextTestRunner.run = run
+    # As `python3 tests/run_tests.py ARGS` would: the script's directory first on sys.path
+    # (the suite imports args_parser from there), its own name in argv[0].
+    sys.path[0] = os.path.dirname(os.path.abspath(run_tests))
+    sys.argv = [run_tests] + args
+    try:
+        runpy.run_path(run_tests, run_name='__main__')
+        status = 0
+    except SystemExit as exit_request:
+        status = exit_request.code
+    if status == 0 and results and results[-1].testsRun == 0 and '--list-tests' not in args:
+        print('pyverbs suite: no test ran', file=sys.stderr)
+        status = 1
+    sys.exit(status)
+
+
+if __name__ == '__main__':
+    main()
