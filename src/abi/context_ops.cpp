@@ -89,6 +89,36 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   return 0;
 }
 
+// The extended create: what the plain one can do (a PD, no creation flags). Send-ops
+// flags (ibv_wr_*), XRC, RSS and the rest are not implemented.
+ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
+  if (!ex || !(ex->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+      ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  Pd* pd = Pd::from(ex->pd);
+  if (!pd || pd->ctx != Context::from(context)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_qp_init_attr attr{};
+  attr.qp_context = ex->qp_context;
+  attr.send_cq = ex->send_cq;
+  attr.recv_cq = ex->recv_cq;
+  attr.srq = ex->srq;
+  attr.cap = ex->cap;
+  attr.qp_type = ex->qp_type;
+  attr.sq_sig_all = ex->sq_sig_all;
+  ibv_qp* qp = create_qp(pd, &attr);
+  if (qp) ex->cap = attr.cap;
+  return qp;
+}
+
 }  // namespace
 
 void fill_context_ops(Context* ctx) {
@@ -162,7 +192,7 @@ void fill_context_ops(Context* ctx) {
   v.ABI_placeholder1 = reinterpret_cast<void (*)()>(v.ibv_create_flow);
   v.ABI_placeholder2 = reinterpret_cast<void (*)()>(v.ibv_destroy_flow);
   unsupported(v.open_qp);
-  unsupported(v.create_qp_ex);
+  v.create_qp_ex = &op_create_qp_ex;
   unsupported(v.get_srq_num);
   unsupported(v.create_srq_ex);
   unsupported(v.open_xrcd);

@@ -92,17 +92,19 @@ int ibv_query_port(struct ibv_context* context, uint8_t port_num,
 
 int ibv_query_gid(struct ibv_context* context, uint8_t port_num, int index, union ibv_gid* gid) {
   if (!Context::from(context) || port_num != 1 || index < 0 || !gid) return -1;
-  const auto& gids = Device::instance().gids();
-  if (static_cast<size_t>(index) >= gids.size()) return -1;
-  *gid = gids[index].gid;
+  const Device& dev = Device::instance();
+  if (index >= dev.gid_table_len()) return -1;
+  // An empty slot reads as the zero GID, as rdma-core reports it.
+  *gid = static_cast<size_t>(index) < dev.gids().size() ? dev.gids()[index].gid : ibv_gid{};
   return 0;
 }
 
 int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num, unsigned int index,
                        int* type) {
   if (!Context::from(context) || port_num != 1 || !type) return -1;
-  if (index >= Device::instance().gids().size()) return -1;
-  *type = kGidTypeRoceV2;
+  const Device& dev = Device::instance();
+  if (index >= static_cast<unsigned>(dev.gid_table_len())) return -1;
+  *type = index < dev.gids().size() ? kGidTypeRoceV2 : kGidTypeIbRoceV1;
   return 0;
 }
 
@@ -112,7 +114,8 @@ int _ibv_query_gid_ex(struct ibv_context* context, uint32_t port_num, uint32_t g
       entry_size < sizeof(ibv_gid_entry))
     return EINVAL;
   const auto& gids = Device::instance().gids();
-  if (gid_index >= gids.size()) return ENODATA;
+  if (gid_index >= static_cast<uint32_t>(Device::instance().gid_table_len())) return EINVAL;
+  if (gid_index >= gids.size()) return ENODATA;  // an empty slot
   std::memset(entry, 0, entry_size);
   entry->gid = gids[gid_index].gid;
   entry->gid_index = gid_index;

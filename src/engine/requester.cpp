@@ -220,8 +220,9 @@ void flush(Qp* qp) {
     if (qp->state.load() == IBV_QPS_ERR || qp->state.load() == IBV_QPS_SQE)
       flush_send_queue_locked(qp);
   }
-  if (qp->state.load() != IBV_QPS_ERR) return;
   std::lock_guard<std::mutex> lock(qp->rq_mu);
+  // Checked under the lock: a reset and new receives may have come in meanwhile.
+  if (qp->state.load() != IBV_QPS_ERR) return;
   while (!qp->rq.empty()) {
     push_recv_completion(qp, qp->rq.front().wr_id, IBV_WC_WR_FLUSH_ERR);
     qp->rq.pop_front();

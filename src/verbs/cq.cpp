@@ -200,6 +200,19 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
   return true;
 }
 
+void cq_purge_qp(Cq* cq, uint32_t qpn) {
+  std::lock_guard<std::mutex> p(cq->produce_mu);
+  std::lock_guard<std::mutex> c(cq->consume_mu);
+  uint64_t head = cq->head.load(), tail = cq->tail.load();
+  uint64_t mask = cq->ring.size() - 1;
+  uint64_t kept = head;
+  for (uint64_t i = head; i != tail; ++i) {
+    const ibv_wc& wc = cq->ring[i & mask];
+    if (wc.qp_num != qpn) cq->ring[kept++ & mask] = wc;
+  }
+  cq->tail.store(kept, std::memory_order_release);
+}
+
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   Cq* cq = nullptr;
   int rc = ch->events.wait_pop(&cq, [](Cq* c) {

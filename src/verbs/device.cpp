@@ -147,7 +147,7 @@ void Device::fill_port_attr(ibv_port_attr* a) const {
   a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a->max_mtu = IBV_MTU_4096;
   a->active_mtu = IBV_MTU_4096;
-  a->gid_tbl_len = static_cast<int>(gids_.size());
+  a->gid_tbl_len = gid_table_len();
   a->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
   a->max_msg_sz = kMaxMsgSize;
   a->pkey_tbl_len = 1;

@@ -4,6 +4,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -45,6 +46,9 @@ class Device {
   ibv_device* ibv() { return &ibv_; }
   uint64_t node_guid() const { return node_guid_; }  // network byte order
   const std::vector<GidEntry>& gids() const { return gids_; }
+  // The GID table: the host's addresses first, then empty slots (as on a real port, whose
+  // table is larger than the addresses it holds).
+  int gid_table_len() const { return std::max<int>(16, static_cast<int>(gids_.size())); }
   bool is_local_gid(const ibv_gid& gid) const;
   int num_comp_vectors() const { return comp_vectors_; }
 

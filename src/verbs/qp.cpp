@@ -288,6 +288,8 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   if (next == IBV_QPS_RESET) {
     qp->state.store(IBV_QPS_RESET);
     reset_queues(qp);
+    cq_purge_qp(qp->send_cq, qp->qpn());
+    if (qp->recv_cq != qp->send_cq) cq_purge_qp(qp->recv_cq, qp->qpn());
   } else if (next == IBV_QPS_ERR) {
     qp->state.store(IBV_QPS_ERR);
     engine::flush(qp);  // synchronously: flushed completions are there when we return

@@ -50,6 +50,9 @@ int get_cq_event(CompChannel* ch, ibv_cq** cq, void** cq_context);
 void ack_cq_events(Cq* cq, unsigned int nevents);
 // Adds a completion; returns false if the CQ overran (the CQ and its QPs are then in error).
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited);
+// Drops the completions of QP `qpn` not yet polled (a QP moved to RESET starts afresh,
+// as hardware providers do it).
+void cq_purge_qp(Cq* cq, uint32_t qpn);
 
 // SRQ
 ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* attr);
