@@ -1,0 +1,244 @@
+# Two-process helpers, sourced after lib.sh: a server and a client, each with its own timeout,
+# meeting on 127.0.0.1 the way a user runs them in two shells.
+#
+#   pair_setup BASE_PORT    private SOFTVERBS_STATE_DIR; picks a free TCP port into $port
+#   server=(CMD ...)        the two command lines (arrays), usually "$SOFTVERBS" run -- PROG
+#   client=(CMD ...)
+#   pair_run                server in the background; once it listens on $port, the client.
+#                           Leaves srv_out srv_err srv_rc and cli_out cli_err cli_rc.
+#   pair_program ...        all of the above for a program script (see below)
+#   side_has srv|cli REGEX  an extended regular expression matches a line of that side's
+#                           stdout+stderr
+#   pair_no_crash           neither side died of a signal or printed a sanitizer report
+#   distinct_qpns           the two sides' first local QPNs were printed and differ
+#
+# Time limits (seconds), from the environment or set before pair_run:
+#   PAIR_TIMEOUT      the client's limit; the server gets PAIR_TIMEOUT + 5, as it starts first
+#   PAIR_LISTEN_WAIT  how long the server may take to listen before we give up on it (10)
+#   PAIR_GRACE        once one side has exited, how long the other may still run (5)
+# Whatever happens, pair_run returns within PAIR_TIMEOUT + max(PAIR_LISTEN_WAIT, 5) + 2 s (the
+# later of the two sides' own limits, plus `timeout -k 2`; the grace only shortens that), and
+# every process it started has ended: each side runs under `timeout` as the leader of its own
+# process group, which is signalled as a whole.
+#
+# Outputs are line-buffered (stdbuf -oL): a side killed by its timeout still shows how far it
+# got, where a block-buffered stdout would be lost with the process.
+
+# shellcheck shell=bash
+# shellcheck disable=SC2034,SC2154 # results are for the sourcing script; it sets server/client
+PAIR_TIMEOUT=${PAIR_TIMEOUT:-20}
+PAIR_LISTEN_WAIT=${PAIR_LISTEN_WAIT:-10}
+PAIR_GRACE=${PAIR_GRACE:-5}
+pair_tmp=
+
+# now_ms: milliseconds since the epoch (bash's own clock, no process started).
+now_ms() {
+  local t=${EPOCHREALTIME/[.,]/}
+  echo $((t / 1000))
+}
+
+pair_cleanup() {
+  [[ -z $pair_tmp ]] || rm -rf -- "$pair_tmp"
+  [[ -z ${SOFTVERBS_STATE_DIR-} ]] || rm -rf -- "$SOFTVERBS_STATE_DIR"
+}
+
+# listening PORT: some socket listens on TCP PORT. We ask `ss` rather than connecting: the
+# pingpong servers accept exactly one connection, so a probe would be taken for the client.
+listening() {
+  [[ -n $(ss -Hltn "sport = :$1") ]]
+}
+
+pair_setup() {
+  local base=${1:?pair_setup BASE_PORT}
+  # A private state directory: the host registry and port state of parallel tests stay apart.
+  SOFTVERBS_STATE_DIR=$(mktemp -d)
+  export SOFTVERBS_STATE_DIR
+  pair_tmp=$(mktemp -d)
+  trap pair_cleanup EXIT
+  # Each test has its own base port (CMakeLists.txt), so `ctest -j` is safe. The lock, held
+  # until we exit, keeps out the same test run from another build tree; a port somebody else
+  # listens on sends us 1000 further.
+  local candidate
+  for candidate in "$base" $((base + 1000)) $((base + 2000)) $((base + 3000)); do
+    if exec {pair_lock_fd}>"${TMPDIR:-/tmp}/softverbs-twoproc-$candidate.lock"; then
+      if flock -n "$pair_lock_fd" && ! listening "$candidate"; then
+        port=$candidate
+        echo "TCP port $port, SOFTVERBS_STATE_DIR=$SOFTVERBS_STATE_DIR"
+        return 0
+      fi
+      exec {pair_lock_fd}>&-
+    fi
+  done 2>/dev/null
+  echo "no free TCP port among $base, $((base + 1000)), $((base + 2000)), $((base + 3000))"
+  exit 1
+}
+
+# pair_start SIDE LIMIT CMD...: runs CMD in the background under `timeout LIMIT`, which makes
+# itself the leader of a new process group; its pid goes to ${SIDE}_pid.
+pair_start() {
+  local side=$1 limit=$2
+  shift 2
+  timeout -k 2 "$limit" stdbuf -oL -eL "$@" >"$pair_tmp/$side.out" 2>"$pair_tmp/$side.err" &
+  printf -v "${side}_pid" %d $!
+  printf -v "${side}_start" %d "$(now_ms)"
+  echo "started $side (limit ${limit}s): $*"
+}
+
+# alive PID: the process has not exited (a zombie awaiting `wait` counts as exited). Reads
+# /proc rather than running ps: we ask every 50 ms.
+alive() {
+  local stat
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
+  stat=${stat##*) } # the state follows the command name in parentheses
+  [[ ${stat:0:1} != Z ]]
+}
+
+# pair_stop PID: ends the process group of a side that overstayed: TERM, 2 s later KILL.
+pair_stop() {
+  local deadline=$(($(now_ms) + 2000))
+  kill -TERM -- "-$1" 2>/dev/null
+  while (($(now_ms) < deadline)); do
+    alive "$1" || return 0
+    sleep 0.05
+  done
+  kill -KILL -- "-$1" 2>/dev/null
+}
+
+# pair_collect SIDE: waits for the side and fills ${SIDE}_out, _err, _rc and _ms (its run time,
+# up to when we first saw it exited, if we watched it).
+pair_collect() {
+  local side=$1 pid_var=${1}_pid start_var=${1}_start end_var=${1}_end code
+  wait "${!pid_var}"
+  code=$?
+  printf -v "${side}_rc" %d "$code"
+  printf -v "${side}_ms" %d $((${!end_var:-$(now_ms)} - ${!start_var}))
+  printf -v "${side}_out" %s "$(<"$pair_tmp/$side.out")"
+  printf -v "${side}_err" %s "$(<"$pair_tmp/$side.err")"
+}
+
+pair_run() {
+  : "${port:?pair_setup first}"
+  local deadline srv_done=0 cli_done=0 started_client=0
+  srv_pid='' cli_pid='' srv_end='' cli_end='' srv_rc='' cli_rc='' srv_ms=0 cli_ms=0
+  srv_out='' cli_out='' srv_err='' cli_err=''
+  pair_start srv $((PAIR_TIMEOUT + 5)) "${server[@]}"
+
+  deadline=$(($(now_ms) + PAIR_LISTEN_WAIT * 1000))
+  until listening "$port"; do
+    if ! alive "$srv_pid"; then
+      echo "server exited before listening on port $port; client not started"
+      break
+    fi
+    if (($(now_ms) >= deadline)); then
+      echo "server not listening on port $port after ${PAIR_LISTEN_WAIT}s; stopping it"
+      pair_stop "$srv_pid"
+      break
+    fi
+    sleep 0.05
+  done
+  if alive "$srv_pid"; then
+    pair_start cli "$PAIR_TIMEOUT" "${client[@]}"
+    started_client=1
+  fi
+
+  # Both sides run; once one has exited, the other has PAIR_GRACE seconds left.
+  if ((started_client)); then
+    deadline=
+    while :; do
+      ((srv_done)) || alive "$srv_pid" || { srv_done=1 srv_end=$(now_ms); }
+      ((cli_done)) || alive "$cli_pid" || { cli_done=1 cli_end=$(now_ms); }
+      ((srv_done && cli_done)) && break
+      if ((srv_done || cli_done)); then
+        [[ -n $deadline ]] || deadline=$(($(now_ms) + PAIR_GRACE * 1000))
+        if (($(now_ms) >= deadline)); then
+          if ((srv_done)); then
+            echo "client still running ${PAIR_GRACE}s after the server exited; stopping it"
+            pair_stop "$cli_pid"
+          else
+            echo "server still running ${PAIR_GRACE}s after the client exited; stopping it"
+            pair_stop "$srv_pid"
+          fi
+          deadline=$(($(now_ms) + 3600 * 1000))
+        fi
+      fi
+      sleep 0.05
+    done
+    pair_collect cli
+  fi
+  pair_collect srv
+
+  pair_show server srv
+  if ((started_client)); then
+    pair_show client cli
+  else
+    cli_rc=-1
+  fi
+}
+
+# pair_program OPTIONS... -- PORT LIMIT PROG [ARGS...]: the whole run of a program script:
+# PROG OPTIONS -p PORT ARGS as server, the same plus 127.0.0.1 as client, each under
+# `softverbs run` and LIMIT seconds. Sets prog, args and iters (the -n value ARGS must give).
+# PAIR_WITHOUT_SOFTVERBS=1 runs both on the real rdma-core instead, to see the checks fail.
+pair_program() {
+  local options=() wrapper=("$SOFTVERBS" run --) i
+  while (($# > 0)) && [[ $1 != -- ]]; do
+    options+=("$1")
+    shift
+  done
+  shift
+  (($# >= 3)) || { echo "usage: $0 SOFTVERBS PORT LIMIT PROG [ARGS...]"; exit 2; }
+  local base_port=$1
+  PAIR_TIMEOUT=$2 prog=$3
+  shift 3
+  args=("$@") iters=''
+  for ((i = 0; i < ${#args[@]} - 1; i++)); do
+    [[ ${args[i]} == -n ]] && iters=${args[i + 1]}
+  done
+  [[ -n $iters ]] || { echo "give -n ITERS among the arguments"; exit 2; }
+
+  pair_setup "$base_port"
+  [[ ${PAIR_WITHOUT_SOFTVERBS-} == 1 ]] && wrapper=()
+  server=("${wrapper[@]}" "$prog" "${options[@]}" -p "$port" "${args[@]}")
+  client=("${server[@]}" 127.0.0.1)
+  pair_run
+}
+
+# pair_show NAME SIDE: the side's output and exit code in the test log.
+pair_show() {
+  local name=$1 out_var=${2}_out err_var=${2}_err rc_var=${2}_rc ms_var=${2}_ms
+  printf '\n--- %s stdout:\n%s\n' "$name" "${!out_var}"
+  [[ -z ${!err_var} ]] || printf -- '--- %s stderr:\n%s\n' "$name" "${!err_var}"
+  printf -- '--- %s exit code %d after %d ms%s\n' "$name" "${!rc_var}" "${!ms_var}" \
+    "$( ((${!rc_var} == 124 || ${!rc_var} == 137)) && echo ' (timed out)')"
+}
+
+side_has() {
+  local out_var=${1}_out err_var=${1}_err
+  grep -Eq -- "$2" <<<"${!out_var}
+${!err_var}"
+}
+
+# local_qpn SIDE: the QP number on the side's first "local address:" line (the pingpongs and
+# perftest both print one). On one host the two sides' QPNs must differ: the peer's QPN is
+# all that names its QP.
+local_qpn() {
+  local out_var=${1}_out
+  grep -m1 -oE '^ *local address: +LID [^ ]+ QPN [0-9a-fx]+' <<<"${!out_var}" | awk '{print $NF}'
+}
+
+distinct_qpns() {
+  local srv_qpn cli_qpn
+  srv_qpn=$(local_qpn srv)
+  cli_qpn=$(local_qpn cli)
+  [[ -n $srv_qpn && -n $cli_qpn && $srv_qpn != "$cli_qpn" ]]
+}
+
+pair_no_crash() {
+  local side out_var err_var rc_var
+  for side in srv cli; do
+    out_var=${side}_out err_var=${side}_err rc_var=${side}_rc
+    ((${!rc_var} < 128 || ${!rc_var} == 137 || ${!rc_var} == 143)) || return 1
+    ! grep -Eq 'AddressSanitizer|LeakSanitizer|ThreadSanitizer|runtime error:|Segmentation fault|Aborted' \
+      <<<"${!out_var}${!err_var}" || return 1
+  done
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Debian's perftest (ib_{send,write,read,atomic}_{lat,bw}), server and client as two processes
+# on 127.0.0.1.
+#   perftest.sh SOFTVERBS PORT LIMIT PROG [OPTIONS...]
+# LIMIT: the seconds each side may run (pair.sh).
+# Both sides get `-d softverbs0 -p PORT OPTIONS`, no GID option: on an Ethernet port perftest
+# starts from GID index 0 and prefers IPv4-mapped, then RoCE v2 entries (get_best_gid_index),
+# which is what `softverbs run -- ib_send_lat` does for a user. OPTIONS must include -n ITERS,
+# which the result lines are compared against; with -a the client must report every size
+# from 2 to 2^23 bytes.
+# shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/pair.sh"
+
+pair_program -d softverbs0 -- "$@"
+sweep=0
+for arg in "${args[@]}"; do [[ $arg == -a ]] && sweep=1; done
+
+# perftest's formats (src/perftest_parameters.h, 4.5-0.17): RESULT_FMT / RESULT_FMT_LAT head the
+# table; REPORT_FMT* lines start with the size and the iteration count, padded with spaces
+# and tabs. The figures after them are not checked: perftest prints "inf" or "-nan" when its
+# CPU-clock estimate fails, as it can in a loaded VM. Addresses print as BASIC_ADDR_FMT, then
+# the GID as 16 decimal bytes (PERF_GID_FMT).
+header='^ #bytes +#iterations +(BW peak|t_min)'
+row() { printf '^[[:space:]]*%s[[:space:]]+%s[[:space:]]+[^[:space:]]' "$1" "$iters"; }
+hex='(0x)?[0-9a-f]+' # "%#04x" drops the 0x for zero: "LID 0000"
+ipv4_gid='GID: 00:00:00:00:00:00:00:00:00:00:255:255:[0-9]{2,3}:[0-9]{2,3}:[0-9]{2,3}:[0-9]{2,3}$'
+
+check "server exited 0" '((srv_rc == 0))'
+check "client exited 0" '((cli_rc == 0))'
+check "server waited for the client" "side_has srv 'Waiting for client to connect'"
+for side in srv cli; do
+  name=$([[ $side == srv ]] && echo server || echo client)
+  check "$name printed its local address" \
+    "side_has $side '^ local address: LID $hex QPN $hex PSN $hex'"
+  check "$name learnt the peer's address" \
+    "side_has $side '^ remote address: LID $hex QPN $hex PSN $hex'"
+  check "$name used an IPv4-mapped GID" "side_has $side ' $ipv4_gid'"
+done
+check "client printed the result table header" "side_has cli '$header'"
+if ((sweep)); then
+  for size in 2 4096 8388608; do
+    check "client reports $size bytes x $iters iterations" "side_has cli '$(row "$size")'"
+  done
+  check "client reports all 23 sizes" \
+    '(($(grep -cE "$(row "[0-9]+")" <<<"$cli_out") == 23))'
+else
+  check "client reports a result line for $iters iterations" "side_has cli '$(row '[0-9]+')'"
+fi
+# The read and atomic latency servers only serve: they print no table (read_lat.c, atomic_lat.c).
+if [[ $prog != ib_read_lat && $prog != ib_atomic_lat ]]; then
+  check "server printed the result table header" "side_has srv '$header'"
+fi
+check "server and client QPs have different numbers" distinct_qpns
+check "no crash, no sanitizer report" pair_no_crash
+finish
