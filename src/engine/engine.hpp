@@ -45,6 +45,14 @@ void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status);
 void watch_peer_of(Qp* qp);  // after a connected QP learned its destination
 void peer_died(int slot);
 
+// Receive windows, target side (inbound.cpp).
+uint64_t open_window(Qp* t, uint32_t peer_qpn);  // arena offset, 0 if not possible
+uint32_t receive_capacity(Qp* t, const RecvWqe& r);  // 0 if its buffers fail the checks
+void publish_receive_locked(Qp* t, uint32_t capacity);  // caller holds t->rq_mu
+void drain_window_locked(Qp* t);  // caller holds the key lock (shared) and t->rq_mu
+void drain_inbound(Cq* cq);
+void close_window(Qp* t, bool deliver);  // caller holds no QP lock
+
 // Progress thread services.
 void schedule_kick(uint32_t qpn, Clock::time_point when);
 void schedule_flush(uint32_t qpn);

@@ -64,8 +64,8 @@ class Progress {
 
   // Started on first use, and again in a forked child (threads do not survive fork).
   void start_locked() {
-    if (owner_ == getpid()) return;
-    owner_ = getpid();
+    if (owner_ == wire::self_pid()) return;
+    owner_ = wire::self_pid();
     timers_.clear();
     flushes_.clear();
     dead_slots_.clear();

@@ -2,13 +2,17 @@
 #include <unistd.h>
 
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
 #include "verbs/errors.hpp"
 #include "verbs/verbs.hpp"
+#include "wire/agent.hpp"
+#include "wire/registry.hpp"
 #include "wire/transport.hpp"
+#include "wire/window.hpp"
 
 namespace softverbs::engine {
 
@@ -48,15 +52,78 @@ bool writes_local(ibv_wr_opcode op) {
          op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
-// Executes the head WQE once: resolves the local buffers, finds the target, lets the
-// responder act. The key table stays read-locked so no MR involved can go away meanwhile.
+// A small SEND to a connected QP of another process: through the peer's receive window
+// when it has room and a big enough receive posted; nullopt means "take the agent path",
+// which answers everything else (RNR, errors, a target that went away) exactly.
+std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
+                                           int nlocal, uint32_t dst_qpn) {
+  int slot = wire::slot_of_qpn(dst_qpn);
+  if (slot == wire::my_slot()) return std::nullopt;  // same process: direct anyway
+  Qp::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr && (pw.dst_qpn != dst_qpn || !pw.hdr->live.load(std::memory_order_acquire)))
+    pw.hdr = nullptr;
+  if (!pw.hdr) {
+    if (pw.backoff) {
+      --pw.backoff;
+      return std::nullopt;
+    }
+    wire::PeerArena arena;
+    uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena);
+    auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
+    // Everything in the peer's arena is checked before we rely on it.
+    bool ok = hdr && hdr->magic == wire::kWindowMagic && hdr->qpn == dst_qpn &&
+              hdr->peer_qpn == qp->qpn() && hdr->rq_cap && !(hdr->rq_cap & (hdr->rq_cap - 1)) &&
+              hdr->rq_cap <= (1u << 20) &&
+              arena.at<char>(off, wire::window_bytes(hdr->rq_cap)) &&
+              hdr->slots_offset == wire::window_bytes(hdr->rq_cap) -
+                                       uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot);
+    std::atomic<int>* arm = ok ? arena.at<std::atomic<int>>(hdr->arm_offset) : nullptr;
+    if (!ok || !arm) {
+      pw.backoff = 64;  // ask again later, not on every send
+      return std::nullopt;
+    }
+    pw = {hdr, arm, slot, dst_qpn, 0};
+  }
+  wire::WindowHeader* hdr = pw.hdr;
+  uint32_t len = static_cast<uint32_t>(w.total_length);
+  uint64_t posted = hdr->rq_posted.load(std::memory_order_acquire);
+  uint64_t taken = hdr->rq_taken.load(std::memory_order_relaxed);
+  if (posted == taken) return std::nullopt;  // no receive posted: RNR, via the agent
+  if (hdr->rq_len()[taken & (hdr->rq_cap - 1)] < len) return std::nullopt;
+  uint64_t tail = hdr->tail.load(std::memory_order_relaxed);
+  if (tail - hdr->head.load(std::memory_order_acquire) >= wire::kWindowSlots) return std::nullopt;
+  wire::WindowSlot& s = hdr->slots()[tail % wire::kWindowSlots];
+  s.opcode = w.opcode;
+  s.flags = w.flags;
+  s.imm = w.imm;
+  s.length = len;
+  iovec dst{s.data, len};
+  wire::copy_local(&dst, 1, local, nlocal, len);
+  hdr->rq_taken.store(taken + 1, std::memory_order_relaxed);
+  hdr->tail.store(tail + 1, std::memory_order_release);
+  // The target turns ring messages into completions when it polls. If its CQ is armed it
+  // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
+  // completion is added (and the event fires) exactly as for a local arrival.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  int arm = pw.arm->load(std::memory_order_relaxed);
+  if (arm == wire::kArmNext ||
+      (arm == wire::kArmSolicited && (w.flags & IBV_SEND_SOLICITED)))
+    wire::agent_drain(pw.slot, dst_qpn);
+  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
+}
+
+// Executes the head WQE once: resolves the local buffers, then lets the responder act on
+// the target, through its receive window when it has one for us, else directly or via
+// the target's agent.
 Outcome execute(Qp* qp, const SendWqe& w) {
-  std::shared_lock keys(MrTable::instance().lock());
   iovec local[Limits::max_sge + 1];
   int nlocal = 0;
   if (!w.inline_data.empty()) {
     local[nlocal++] = {const_cast<uint8_t*>(w.inline_data.data()), w.inline_data.size()};
   } else {
+    // The key table is locked only to translate: the memory itself is the application's
+    // and stays mapped; the responder takes its own process's key lock.
+    std::shared_lock keys(MrTable::instance().lock());
     unsigned need = writes_local(w.opcode) ? IBV_ACCESS_LOCAL_WRITE : 0;
     for (const Sge& s : w.sges) {
       if (s.length == 0) continue;
@@ -81,7 +148,7 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   req.length = w.total_length;
   req.local = local;
   req.nlocal = nlocal;
-  req.pid = getpid();
+  req.pid = wire::self_pid();
   ibv_gid dgid;
   if (qp->type == IBV_QPT_UD) {
     if (w.total_length > 4096)
@@ -94,9 +161,16 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     std::lock_guard<std::mutex> lock(qp->attr_mu);
     req.qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
   } else {
-    std::lock_guard<std::mutex> lock(qp->attr_mu);
-    dgid = qp->attr.ah_attr.grh.dgid;
-    req.dst_qpn = qp->attr.dest_qp_num;
+    {
+      std::lock_guard<std::mutex> lock(qp->attr_mu);
+      dgid = qp->attr.ah_attr.grh.dgid;
+      req.dst_qpn = qp->attr.dest_qp_num;
+    }
+    if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
+        w.total_length <= wire::kWindowPayload && Device::instance().port_active() &&
+        Device::instance().is_local_gid(dgid)) {
+      if (auto o = send_through_window(qp, w, local, nlocal, req.dst_qpn)) return *o;
+    }
   }
   // A port that is down sends nothing: to the requester that looks like silence.
   Outcome o = Device::instance().port_active() ? wire::transport().deliver(dgid, req)
@@ -192,10 +266,18 @@ void kick(Qp* qp) {
 void kick_qpn(uint32_t qpn) { wire::transport().kick(qpn); }
 
 void start() {
+  wire::EngineHooks hooks;
+  hooks.respond = &respond;
   // Kicks that reach us (a peer posted a receive we were waiting for) run on the progress
   // thread, never on the caller's: the agent must not block on other processes.
-  wire::transport().set_engine(&respond,
-                               [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); });
+  hooks.kick = [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); };
+  hooks.open_window = &open_window;
+  hooks.drain = [](Qp* qp) {
+    std::shared_lock keys(MrTable::instance().lock());
+    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    drain_window_locked(qp);
+  };
+  wire::transport().set_engine(hooks);
 }
 
 void flush_send_queue_locked(Qp* qp) {
@@ -215,6 +297,7 @@ void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status) {
 }
 
 void flush(Qp* qp) {
+  if (qp->state.load() == IBV_QPS_ERR) close_window(qp, true);
   {
     std::lock_guard<std::mutex> lock(qp->sq_mu);
     if (qp->state.load() == IBV_QPS_ERR || qp->state.load() == IBV_QPS_SQE)
@@ -236,6 +319,7 @@ void flush(Qp* qp) {
 
 void set_error(Qp* qp, int event) {
   if (qp->state.exchange(IBV_QPS_ERR) == IBV_QPS_ERR) return;
+  // The receive window (if any) is closed when the progress thread flushes the QP.
   if (event >= 0) raise_qp_event(qp, static_cast<ibv_event_type>(event));
   schedule_flush(qp->qpn());
 }

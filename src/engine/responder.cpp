@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
@@ -58,6 +59,9 @@ class RecvQueue {
   RecvWqe pop() {
     RecvWqe r = std::move(q_.front());
     q_.pop_front();
+    // The peer's window counts receives spoken for; this one was taken off the ring path.
+    if (wire::WindowHeader* w = t_->window.load(std::memory_order_relaxed))
+      w->rq_taken.fetch_add(1, std::memory_order_relaxed);
     if (Srq* srq = t_->srq; srq && srq->limit && q_.size() < srq->limit) {
       srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
       raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
@@ -181,6 +185,13 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
 }  // namespace
 
 Outcome respond(const wire::Request& req, Qp* t) {
+  // MRs of this process stay registered while we use them (keys before queues, always).
+  std::shared_lock keys(MrTable::instance().lock());
+  if (t->window.load(std::memory_order_acquire)) {
+    // What the peer left in the receive window came first: it lands before this request.
+    std::lock_guard<std::mutex> lock(t->rq_mu);
+    drain_window_locked(t);
+  }
   const uint64_t len = req.length;
   if (t->type != req.type) return {Outcome::NoResponse};
   int st = t->state.load();

@@ -188,6 +188,14 @@ void for_each_qp(const std::function<void(Qp*)>& fn) {
   }
 }
 
+void for_each_cq(const std::function<void(Cq*)>& fn) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) {
+    std::lock_guard<std::mutex> objects(ctx->objects_mu);
+    for (Cq* cq : ctx->cqs) fn(cq);
+  }
+}
+
 void raise_device_fatal() {
   ibv_async_event ev{};
   ev.event_type = IBV_EVENT_DEVICE_FATAL;

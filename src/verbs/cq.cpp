@@ -5,6 +5,7 @@
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
+#include "wire/arena.hpp"
 
 namespace softverbs {
 
@@ -91,6 +92,14 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
     ch->ibv.refcnt++;
     pthread_mutex_unlock(&ctx->ibv()->mutex);
   }
+  // The arm word goes to the shared arena, where requesters in other processes can see it.
+  if (wire::Arena* arena = wire::Arena::self()) {
+    if (uint64_t off = arena->allocate(sizeof(std::atomic<int>))) {
+      cq->arm_offset = off;
+      cq->arm = arena->at<std::atomic<int>>(off);
+      cq->arm->store(wire::kArmNone);
+    }
+  }
   std::lock_guard<std::mutex> lock(ctx->objects_mu);
   ctx->cqs.insert(cq);
   return c;
@@ -120,7 +129,7 @@ int destroy_cq(Cq* cq) {
   {
     std::lock_guard<std::mutex> lock(cq->produce_mu);
     cq->destroying = true;
-    cq->arm = Arm::None;
+    cq->arm->store(wire::kArmNone);
   }
   // Events not yet handed out vanish; those handed out must be acked first.
   if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
@@ -140,13 +149,16 @@ int destroy_cq(Cq* cq) {
   }
   pthread_mutex_destroy(&c->mutex);
   pthread_cond_destroy(&c->cond);
+  // The arm word is not handed out again: a peer may still hold its address.
   cq->magic = kDead;
   delete cq;
   return 0;
 }
 
 int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
-  // Fast path: an empty CQ costs one shared load (tail) and one private one (head).
+  // Messages that peers left in receive windows become completions now.
+  if (cq->has_inbound.load(std::memory_order_relaxed)) engine::drain_inbound(cq);
+  // An empty CQ costs one shared load (tail) and one private one (head).
   uint64_t tail = cq->tail.load(std::memory_order_acquire);
   if (tail == cq->head.load(std::memory_order_relaxed) || num_entries <= 0) {
     if (num_entries < 0) return -1;
@@ -165,10 +177,20 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
 int req_notify_cq(Cq* cq, int solicited_only) {
   std::lock_guard<std::mutex> lock(cq->produce_mu);
   if (cq->in_error.load()) return EINVAL;
-  Arm want = solicited_only ? Arm::Solicited : Arm::Next;
+  int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
   // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
-  if (static_cast<int>(want) > static_cast<int>(cq->arm)) cq->arm = want;
+  int cur = cq->arm->load();
+  while (want > cur && !cq->arm->compare_exchange_weak(cur, want)) {
+  }
   return 0;
+}
+
+bool cq_disarm_for(std::atomic<int>* arm, bool solicited) {
+  int cur = arm->load();
+  while (cur == wire::kArmNext || (cur == wire::kArmSolicited && solicited)) {
+    if (arm->compare_exchange_weak(cur, wire::kArmNone)) return true;
+  }
+  return false;
 }
 
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
@@ -185,11 +207,8 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
     } else {
       cq->ring[tail & (cq->ring.size() - 1)] = wc;
       cq->tail.store(tail + 1, std::memory_order_release);
-      if (cq->arm == Arm::Next ||
-          (cq->arm == Arm::Solicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
-        cq->arm = Arm::None;
-        fire = cq->channel != nullptr && !cq->destroying;
-      }
+      fire = cq_disarm_for(cq->arm, solicited || wc.status != IBV_WC_SUCCESS) &&
+             cq->channel != nullptr && !cq->destroying;
     }
   }
   if (failed) {

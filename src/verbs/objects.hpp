@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "verbs/event_queue.hpp"
+#include "wire/window.hpp"
 
 namespace softverbs {
 
@@ -87,7 +88,6 @@ struct CompChannel {
   static CompChannel* from(ibv_comp_channel* c);
 };
 
-enum class Arm : int { None = 0, Solicited = 1, Next = 2 };
 
 struct Cq {
   ibv_cq_ex ibv;  // ibv_cq prefix; cq_ex so that later extended CQs share the layout
@@ -103,7 +103,15 @@ struct Cq {
   uint64_t capacity = 0;  // == ibv.cqe
   std::atomic<uint64_t> head{0};
   std::atomic<uint64_t> tail{0};
-  Arm arm = Arm::None;           // under produce_mu
+  // The arm state (wire::ArmWord), in the shared arena when there is one, so that
+  // requesters in other processes can fire this CQ's event; changed only by CAS.
+  std::atomic<int>* arm = &arm_local;
+  std::atomic<int> arm_local{wire::kArmNone};
+  uint64_t arm_offset = 0;  // in this process's arena; 0 if the arm word is local
+  // QPs whose receive windows feed this CQ: ibv_poll_cq drains them first.
+  std::mutex inbound_mu;
+  std::vector<Qp*> inbound;
+  std::atomic<bool> has_inbound{false};
   std::atomic<bool> in_error{false};
   bool destroying = false;       // under produce_mu
   std::atomic<int> users{0};     // QPs feeding it
@@ -205,6 +213,17 @@ struct Qp {
 
   std::atomic<int> users{0};  // in-flight lookups by peers and the progress thread
   uint32_t events_reported = 0;  // under ibv.qp_base.mutex
+
+  // Target side: the receive window a remote requester writes into (under rq_mu).
+  std::atomic<wire::WindowHeader*> window{nullptr};
+  // Requester side: the peer's window, when the peer is another process (under sq_mu).
+  struct PeerWindow {
+    wire::WindowHeader* hdr = nullptr;
+    std::atomic<int>* arm = nullptr;
+    int slot = 0;
+    uint32_t dst_qpn = 0;
+    uint32_t backoff = 0;  // sends to skip before asking for a window again
+  } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }
   uint32_t qpn() const { return ibv.qp_base.qp_num; }

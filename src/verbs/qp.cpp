@@ -2,6 +2,8 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
@@ -286,11 +288,13 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   if (!(mask & IBV_QP_STATE)) return 0;
 
   if (next == IBV_QPS_RESET) {
+    engine::close_window(qp, false);  // RESET discards, ring included
     qp->state.store(IBV_QPS_RESET);
     reset_queues(qp);
     cq_purge_qp(qp->send_cq, qp->qpn());
     if (qp->recv_cq != qp->send_cq) cq_purge_qp(qp->recv_cq, qp->qpn());
   } else if (next == IBV_QPS_ERR) {
+    engine::close_window(qp, true);  // what the peer left there was acknowledged: it lands
     qp->state.store(IBV_QPS_ERR);
     engine::flush(qp);  // synchronously: flushed completions are there when we return
   } else if (next == IBV_QPS_SQD) {
@@ -342,6 +346,7 @@ int destroy_qp(Qp* qp) {
     std::lock_guard<std::mutex> lock(qp->ctx->objects_mu);
     qp->ctx->qps.erase(qp);
   }
+  engine::close_window(qp, false);
   wire::transport().unregister_qp(qp);  // no peer or timer can reach it any more
   ibv_qp* q = qp->qp();
   qp->ctx->async_queue.remove_if([q](const ibv_async_event& e) {
@@ -398,25 +403,42 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return EINVAL;
   }
+  // Validate and translate before taking the queue lock (keys before queues): a remote
+  // requester reads each receive's capacity from the receive window.
   int err = 0;
+  std::vector<std::pair<RecvWqe, uint32_t>> batch;
+  ibv_recv_wr* first_bad = nullptr;
+  for (ibv_recv_wr* w = wr; w; w = w->next) {
+    if ((err = check_recv_wr(w, qp->cap.max_recv_sge))) {
+      first_bad = w;
+      break;
+    }
+    RecvWqe r = make_recv_wqe(w);
+    uint32_t cap = qp->type == IBV_QPT_UD ? 0 : engine::receive_capacity(qp, r);
+    batch.emplace_back(std::move(r), cap);
+  }
   std::set<uint32_t> waiters;
   {
     std::lock_guard<std::mutex> lock(qp->rq_mu);
-    for (; wr; wr = wr->next) {
+    ibv_recv_wr* w = wr;
+    for (auto& [r, cap] : batch) {
       if (qp->state.load() == IBV_QPS_RESET) {
         err = EINVAL;
+        first_bad = w;
         break;
       }
       if (qp->rq.size() >= qp->cap.max_recv_wr) {
         err = ENOMEM;
+        first_bad = w;
         break;
       }
-      if ((err = check_recv_wr(wr, qp->cap.max_recv_sge))) break;
-      qp->rq.push_back(make_recv_wqe(wr));
+      qp->rq.push_back(std::move(r));
+      engine::publish_receive_locked(qp, cap);
+      w = w->next;
     }
     waiters.swap(qp->rnr_waiters);
   }
-  if (err && bad) *bad = wr;
+  if (err && bad) *bad = first_bad;
   if (qp->state.load() == IBV_QPS_ERR) engine::flush(qp);
   // Senders that met an empty queue need not wait for their RNR timer.
   for (uint32_t qpn : waiters) engine::kick_qpn(qpn);

@@ -27,6 +27,7 @@ void raise_device_fatal();
 // Calls fn for every QP of every open context (under their locks; fn must not create or
 // destroy objects).
 void for_each_qp(const std::function<void(Qp*)>& fn);
+void for_each_cq(const std::function<void(Cq*)>& fn);
 Context* context_from_cmd_fd(int fd);
 
 // PD, MR, AH
@@ -50,6 +51,9 @@ int get_cq_event(CompChannel* ch, ibv_cq** cq, void** cq_context);
 void ack_cq_events(Cq* cq, unsigned int nevents);
 // Adds a completion; returns false if the CQ overran (the CQ and its QPs are then in error).
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited);
+// Disarms `arm` if a completion (solicited or in error: `solicited` true) should fire it;
+// returns true exactly once per arming.
+bool cq_disarm_for(std::atomic<int>* arm, bool solicited);
 // Drops the completions of QP `qpn` not yet polled (a QP moved to RESET starts afresh,
 // as hardware providers do it).
 void cq_purge_qp(Cq* cq, uint32_t qpn);

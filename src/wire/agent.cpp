@@ -28,7 +28,7 @@ constexpr uint32_t kMagic = 0x53565731;  // "SVW1"
 constexpr int kMaxWireIov = Limits::max_sge + 1;
 constexpr int kReplyTimeoutMs = 5000;
 
-enum Kind : uint32_t { kExecute = 1, kKick = 2, kProbe = 3 };
+enum Kind : uint32_t { kExecute = 1, kKick = 2, kProbe = 3, kOpenWindow = 4, kDrain = 5 };
 
 // How payload travels on a connection: straight between the two processes' buffers with
 // cross-memory attach, or, where the kernel refuses that (no CAP_SYS_PTRACE in some
@@ -71,6 +71,8 @@ struct WireReply {
   uint32_t status;
   uint32_t rnr_timer;
   uint32_t byte_len;
+  uint32_t pad;
+  uint64_t value;  // kOpenWindow: the window's offset in the arena sent along (SCM_RIGHTS)
 };
 
 bool valid_type(uint32_t t) { return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD; }
@@ -159,10 +161,43 @@ bool recv_chunks(int fd, const iovec* iov, int n, uint64_t len) {
 // ---- server side -------------------------------------------------------------------------
 
 struct Server {
-  Responder responder = nullptr;
-  Kicker kicker = nullptr;
+  EngineHooks hooks;
   int listen_fd = -1;
 };
+
+// Sends a reply with a file descriptor attached.
+bool send_with_fd(int sock, const WireReply& r, int fd) {
+  iovec iov{const_cast<WireReply*>(&r), sizeof(r)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return sendmsg(sock, &msg, MSG_NOSIGNAL) == sizeof(r);
+}
+
+// Receives a reply and the file descriptor attached to it (-1 if none).
+bool recv_with_fd(int sock, WireReply* r, int* fd) {
+  iovec iov{r, sizeof(*r)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  *fd = -1;
+  if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != sizeof(*r)) return false;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+  return true;
+}
 
 // Serves one message; returns false when the connection is gone (then it is closed).
 bool serve_one(const Server& srv, int fd) {
@@ -174,10 +209,28 @@ bool serve_one(const Server& srv, int fd) {
   }
   if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic) return true;  // garbage
   if (m.kind == kKick) {
-    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) srv.kicker(qp.get());
+    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) srv.hooks.kick(qp.get());
     return true;
   }
-  WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0};
+  if (m.kind == kDrain) {
+    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) srv.hooks.drain(qp.get());
+    return true;
+  }
+  WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0, 0, 0};
+  if (m.kind == kOpenWindow) {
+    uint64_t off = 0;
+    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff))
+      off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff);
+    Arena* arena = Arena::self();
+    if (off && arena) {
+      r.kind = Reply::Ack;
+      r.value = off;
+      send_with_fd(fd, r, arena->fd());
+    } else {
+      (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
+    }
+    return true;
+  }
   ucred cred{};
   socklen_t clen = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return true;
@@ -209,7 +262,7 @@ bool serve_one(const Server& srv, int fd) {
     if (through_socket) {
       local[0] = {staging.data(), staging.size()};
       m.niov = 1;
-      cred.pid = getpid();  // the payload is in our memory now
+      cred.pid = self_pid();  // the payload is in our memory now
     }
     Request req;
     req.src_qpn = m.src_qpn & 0xffffff;
@@ -230,7 +283,7 @@ bool serve_one(const Server& srv, int fd) {
     req.nlocal = static_cast<int>(m.niov);
     req.pid = cred.pid;
     if (QpRef qp = transport().find_local(req.dst_qpn)) {
-      Reply reply = srv.responder(req, qp.get());
+      Reply reply = srv.hooks.respond(req, qp.get());
       r.kind = reply.kind;
       r.status = reply.status;
       r.rnr_timer = reply.rnr_timer;
@@ -320,9 +373,9 @@ std::map<int, std::shared_ptr<Connection>>* g_conns = new std::map<int, std::sha
 
 std::shared_ptr<Connection> connection(int slot) {
   std::lock_guard<std::mutex> lock(g_conn_mu);
-  if (g_conn_pid != getpid()) {  // a forked child must not share its parent's sockets
+  if (g_conn_pid != self_pid()) {  // a forked child must not share its parent's sockets
     g_conns->clear();
-    g_conn_pid = getpid();
+    g_conn_pid = self_pid();
   }
   auto& c = (*g_conns)[slot];
   if (!c) c = std::make_shared<Connection>();
@@ -376,7 +429,7 @@ WireRequest encode(const Request& req, uint32_t kind) {
 
 }  // namespace
 
-void start_agent(Responder responder, Kicker kicker) {
+void start_agent(const EngineHooks& hooks) {
   std::lock_guard<std::mutex> lock(g_server_mu);
   if (g_server_pid == getpid()) return;
   g_server_pid = getpid();
@@ -390,7 +443,7 @@ void start_agent(Responder responder, Kicker kicker) {
     close(fd);
     return;
   }
-  std::thread(serve, Server{responder, kicker, fd}).detach();
+  std::thread(serve, Server{hooks, fd}).detach();
 }
 
 Reply agent_call(int slot, const Request& req) {
@@ -439,6 +492,53 @@ void agent_kick(int slot, uint32_t qpn) {
   m.magic = kMagic;
   m.kind = kKick;
   m.dst_qpn = qpn;
+  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
+    drop(*c);
+}
+
+uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!ensure_connected(*c, slot)) return 0;
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kOpenWindow;
+  m.src_qpn = src_qpn;
+  m.dst_qpn = dst_qpn;
+  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
+    drop(*c);
+    return 0;
+  }
+  pollfd p{c->fd, POLLIN, 0};
+  WireReply r{};
+  int fd = -1;
+  if (poll(&p, 1, kReplyTimeoutMs) <= 0 || !recv_with_fd(c->fd, &r, &fd) || r.magic != kMagic) {
+    if (fd >= 0) close(fd);
+    drop(*c);
+    return 0;
+  }
+  if (r.kind != Reply::Ack || fd < 0) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  ucred cred{};
+  socklen_t clen = sizeof(cred);
+  if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+    close(fd);
+    return 0;
+  }
+  *arena = map_peer_arena(slot, cred.pid, fd);
+  return arena->base ? r.value : 0;
+}
+
+void agent_drain(int slot, uint32_t dst_qpn) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (!ensure_connected(*c, slot)) return;
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kDrain;
+  m.dst_qpn = dst_qpn;
   if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
     drop(*c);
 }

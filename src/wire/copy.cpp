@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "wire/registry.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::wire {
@@ -70,7 +71,7 @@ void copy_local(const iovec* dst, int ndst, const iovec* src, int nsrc, uint64_t
 }
 
 bool copy_from_requester(const Request& req, const iovec* dst, int ndst, uint64_t len) {
-  if (req.pid == getpid()) {
+  if (req.pid == self_pid()) {
     copy_local(dst, ndst, req.local, req.nlocal, len);
     return true;
   }
@@ -78,7 +79,7 @@ bool copy_from_requester(const Request& req, const iovec* dst, int ndst, uint64_
 }
 
 bool copy_to_requester(const Request& req, const iovec* src, int nsrc, uint64_t len) {
-  if (req.pid == getpid()) {
+  if (req.pid == self_pid()) {
     copy_local(req.local, req.nlocal, src, nsrc, len);
     return true;
   }

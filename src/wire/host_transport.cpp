@@ -24,13 +24,12 @@ namespace {
 
 class HostTransport final : public Transport {
  public:
-  void set_engine(Responder responder, Kicker kicker) override {
+  void set_engine(const EngineHooks& hooks) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      responder_ = responder;
-      kicker_ = kicker;
+      hooks_ = hooks;
     }
-    start_agent(responder, kicker);
+    start_agent(hooks);
   }
 
   uint32_t allocate_qpn() override {
@@ -73,8 +72,8 @@ class HostTransport final : public Transport {
     int slot = slot_of_qpn(req.dst_qpn);
     if (slot == my_slot()) {
       QpRef target = find_local(req.dst_qpn);
-      if (!target || !responder_) return {Reply::NoResponse};
-      return responder_(req, target.get());
+      if (!target || !hooks_.respond) return {Reply::NoResponse};
+      return hooks_.respond(req, target.get());
     }
     return agent_call(slot, req);
   }
@@ -82,7 +81,7 @@ class HostTransport final : public Transport {
   void kick(uint32_t qpn) override {
     int slot = slot_of_qpn(qpn);
     if (slot == my_slot()) {
-      if (QpRef qp = find_local(qpn); qp && kicker_) kicker_(qp.get());
+      if (QpRef qp = find_local(qpn); qp && hooks_.kick) hooks_.kick(qp.get());
       return;
     }
     agent_kick(slot, qpn);
@@ -92,8 +91,7 @@ class HostTransport final : public Transport {
   std::mutex mu_;
   std::unordered_map<uint32_t, Qp*> qps_;
   uint32_t next_index_ = 0;
-  Responder responder_ = nullptr;
-  Kicker kicker_ = nullptr;
+  EngineHooks hooks_;
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,8 +26,9 @@ static_assert(sizeof(Entry) == 8);
 
 std::mutex g_mu;
 Entry* g_table = nullptr;
-pid_t g_owner = 0;
-int g_slot = 0;
+std::atomic<pid_t> g_owner{0};
+std::atomic<int> g_slot{0};
+std::atomic<pid_t> g_pid{0};
 
 bool alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -52,14 +54,26 @@ Entry* map_table() {
 
 }  // namespace
 
+pid_t self_pid() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    g_pid = getpid();
+    pthread_atfork(nullptr, nullptr, [] { g_pid = getpid(); });
+  });
+  return g_pid.load(std::memory_order_relaxed);
+}
+
 int my_slot() {
+  pid_t self = self_pid();
+  if (g_owner.load(std::memory_order_acquire) == self) return g_slot.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(g_mu);
-  pid_t self = getpid();
-  if (g_owner == self) return g_slot;
-  g_owner = self;
+  if (g_owner.load() == self) return g_slot.load();
   g_slot = 0;
   Entry* table = map_table();
-  if (!table) return 0;
+  if (!table) {
+    g_owner.store(self, std::memory_order_release);
+    return 0;
+  }
   // Slot 0 and the last slot are never used: QPNs 0, 1 and 0xffffff are reserved.
   for (int s = 1; s < kSlots - 1; ++s) {
     int32_t cur = table[s].pid.load();
@@ -73,7 +87,8 @@ int my_slot() {
       break;
     }
   }
-  return g_slot;
+  g_owner.store(self, std::memory_order_release);
+  return g_slot.load();
 }
 
 pid_t slot_owner(int slot) {

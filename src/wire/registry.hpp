@@ -15,6 +15,9 @@ inline constexpr int kSlots = 1024;
 inline constexpr int kQpnSlotShift = 14;
 inline constexpr uint32_t kQpnIndexMask = (1u << kQpnSlotShift) - 1;
 
+// getpid() without a system call (refreshed in a forked child).
+pid_t self_pid();
+
 // This process's slot, claimed on first use (and again in a forked child). A slot whose
 // owner died is reclaimed. Returns 0 when no registry is available (then every QP is
 // reachable only from this process).

@@ -77,15 +77,23 @@ class QpRef {
   Qp* qp_ = nullptr;
 };
 
-// The responder, as the engine provides it: runs `req` on the local QP `target`.
-using Responder = Reply (*)(const Request& req, Qp* target);
-// Retries a local QP's send queue (RNR waiters, timers).
-using Kicker = void (*)(Qp* qp);
+// What the engine does for the transport, on QPs of this process.
+struct EngineHooks {
+  // The responder: runs `req` on the local QP `target`.
+  Reply (*respond)(const Request& req, Qp* target) = nullptr;
+  // Retries a local QP's send queue soon (RNR waiters).
+  void (*kick)(Qp* qp) = nullptr;
+  // Opens the receive window of `target` for the peer QP `peer_qpn`: its arena offset, or 0.
+  uint64_t (*open_window)(Qp* target, uint32_t peer_qpn) = nullptr;
+  // Turns what a peer left in `target`'s receive window into completions now (the peer
+  // saw the receive CQ armed: a blocked ibv_get_cq_event must hear of them).
+  void (*drain)(Qp* target) = nullptr;
+};
 
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual void set_engine(Responder responder, Kicker kicker) = 0;
+  virtual void set_engine(const EngineHooks& hooks) = 0;
   // A QP number unique on this host (24 bits, never 0, 1 or 0xffffff).
   virtual uint32_t allocate_qpn() = 0;
   virtual void register_qp(Qp* qp) = 0;

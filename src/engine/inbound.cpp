@@ -1,0 +1,214 @@
+// Receive windows, target side (see wire/window.hpp): opening one for the connected peer,
+// publishing posted receives, and draining the messages the peer left in it into the
+// posted buffers, with the same receive completions the responder writes.
+#include <algorithm>
+#include <mutex>
+#include <vector>
+#include <shared_mutex>
+
+#include "engine/engine.hpp"
+#include "verbs/device.hpp"
+#include "verbs/verbs.hpp"
+#include "wire/arena.hpp"
+
+namespace softverbs::engine {
+
+namespace {
+
+uint32_t round_up_pow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Stops the window: the requester sees `live` drop and goes through the agent from now on.
+void kill_window_locked(Qp* t) {
+  wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
+  if (!hdr) return;
+  hdr->live.store(0, std::memory_order_release);
+  t->window.store(nullptr, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+uint32_t receive_capacity(Qp* t, const RecvWqe& r) {
+  std::shared_lock keys(MrTable::instance().lock());
+  uint64_t cap = 0;
+  for (const Sge& s : r.sges) {
+    if (s.length == 0) continue;
+    iovec v;
+    if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &v)) return 0;
+    cap += s.length;
+  }
+  return static_cast<uint32_t>(std::min<uint64_t>(cap, UINT32_MAX));
+}
+
+uint64_t open_window(Qp* t, uint32_t peer_qpn) {
+  wire::Arena* arena = wire::Arena::self();
+  if (!arena || t->srq || t->type == IBV_QPT_UD || !t->recv_cq->arm_offset) return 0;
+  {
+    std::lock_guard<std::mutex> lock(t->attr_mu);
+    if (t->attr.dest_qp_num != peer_qpn) return 0;
+  }
+  // Capacities of the receives already posted, computed before taking the RQ lock (keys
+  // are always locked before queues).
+  std::vector<uint32_t> caps;
+  {
+    std::lock_guard<std::mutex> lock(t->rq_mu);
+    if (wire::WindowHeader* w = t->window.load(std::memory_order_relaxed))
+      return reinterpret_cast<char*>(w) - arena->base();
+  }
+  uint32_t rq_cap = round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
+  uint64_t bytes = wire::window_bytes(rq_cap);
+  uint64_t off = arena->allocate(bytes);
+  if (!off) return 0;
+  auto* hdr = arena->at<wire::WindowHeader>(off);
+  std::shared_lock keys(MrTable::instance().lock());
+  std::lock_guard<std::mutex> lock(t->rq_mu);
+  int st = t->state.load();
+  if (wire::WindowHeader* w = t->window.load(std::memory_order_relaxed)) {
+    arena->release(off, bytes);
+    return reinterpret_cast<char*>(w) - arena->base();
+  }
+  if (st < IBV_QPS_RTR || st > IBV_QPS_SQD) {
+    arena->release(off, bytes);
+    return 0;
+  }
+  hdr->magic = wire::kWindowMagic;
+  hdr->qpn = t->qpn();
+  hdr->peer_qpn = peer_qpn;
+  hdr->arm_offset = t->recv_cq->arm_offset;
+  hdr->cq_token = reinterpret_cast<uint64_t>(t->recv_cq);
+  hdr->rq_cap = rq_cap;
+  hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
+  uint64_t i = 0;
+  for (const RecvWqe& r : t->rq) {
+    uint64_t cap = 0;
+    bool ok = true;
+    for (const Sge& s : r.sges) {
+      iovec v;
+      if (s.length && !resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &v))
+        ok = false;
+      cap += s.length;
+    }
+    hdr->rq_len()[i++ & (rq_cap - 1)] = ok ? static_cast<uint32_t>(std::min<uint64_t>(cap, UINT32_MAX)) : 0;
+  }
+  hdr->rq_posted.store(i, std::memory_order_relaxed);
+  hdr->rq_taken.store(0, std::memory_order_relaxed);
+  hdr->head.store(0, std::memory_order_relaxed);
+  hdr->tail.store(0, std::memory_order_relaxed);
+  hdr->live.store(1, std::memory_order_release);
+  t->window.store(hdr, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
+    t->recv_cq->inbound.push_back(t);
+    t->recv_cq->has_inbound.store(true);
+  }
+  return off;
+}
+
+void publish_receive_locked(Qp* t, uint32_t capacity) {
+  wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
+  if (!hdr) return;
+  uint64_t n = hdr->rq_posted.load(std::memory_order_relaxed);
+  hdr->rq_len()[n & (hdr->rq_cap - 1)] = capacity;
+  hdr->rq_posted.store(n + 1, std::memory_order_release);
+}
+
+void drain_window_locked(Qp* t) {
+  wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
+  if (!hdr) return;
+  uint64_t head = hdr->head.load(std::memory_order_relaxed);
+  uint64_t tail = hdr->tail.load(std::memory_order_acquire);
+  if (tail - head > wire::kWindowSlots) {  // the peer wrote garbage: stop using the window
+    kill_window_locked(t);
+    return;
+  }
+  for (; head != tail; ++head) {
+    const wire::WindowSlot& slot = hdr->slots()[head % wire::kWindowSlots];
+    // Read each field once: the peer's memory may change under us.
+    uint32_t opcode = slot.opcode, flags = slot.flags, imm = slot.imm, len = slot.length;
+    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || len > wire::kWindowPayload ||
+        t->rq.empty()) {
+      kill_window_locked(t);
+      return;
+    }
+    if (t->state.load() == IBV_QPS_RTR && !t->comm_est_raised) {
+      t->comm_est_raised = true;
+      raise_qp_event(t, IBV_EVENT_COMM_EST);
+    }
+    RecvWqe r = std::move(t->rq.front());
+    t->rq.pop_front();
+    ibv_wc wc{};
+    wc.wr_id = r.wr_id;
+    wc.qp_num = t->qpn();
+    wc.src_qp = hdr->peer_qpn;
+    wc.opcode = IBV_WC_RECV;
+    wc.byte_len = len;
+    if (opcode == IBV_WR_SEND_WITH_IMM) {
+      wc.imm_data = imm;
+      wc.wc_flags = IBV_WC_WITH_IMM;
+    }
+    iovec dst[Limits::max_sge];
+    int n = 0;
+    uint64_t cap = 0;
+    bool ok = true;
+    for (const Sge& s : r.sges) {
+      if (s.length == 0) continue;
+      if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &dst[n])) ok = false;
+      ++n;
+      cap += s.length;
+    }
+    // The requester checked the published capacity; the MR may have gone since.
+    if (!ok || cap < len) {
+      wc.status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
+      cq_push(t->recv_cq, wc, false);
+      hdr->head.store(head + 1, std::memory_order_release);
+      kill_window_locked(t);
+      set_error(t, -1);
+      return;
+    }
+    iovec src{const_cast<uint8_t*>(slot.data), len};
+    wire::copy_local(dst, n, &src, 1, len);
+    cq_push(t->recv_cq, wc, (flags & IBV_SEND_SOLICITED) != 0);
+    hdr->head.store(head + 1, std::memory_order_release);
+  }
+}
+
+void drain_inbound(Cq* cq) {
+  // Take references under the list lock, drain without it (queues before lists).
+  std::vector<wire::QpRef> qps;
+  {
+    std::lock_guard<std::mutex> lock(cq->inbound_mu);
+    for (Qp* qp : cq->inbound) {
+      qp->users.fetch_add(1, std::memory_order_acq_rel);
+      qps.emplace_back(qp);
+    }
+  }
+  for (auto& qp : qps) {
+    wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);  // rechecked below
+    if (hdr && hdr->head.load(std::memory_order_relaxed) ==
+                   hdr->tail.load(std::memory_order_acquire))
+      continue;
+    std::shared_lock keys(MrTable::instance().lock());
+    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    drain_window_locked(qp.get());
+  }
+}
+
+void close_window(Qp* t, bool deliver) {
+  {
+    std::shared_lock keys(MrTable::instance().lock());
+    std::lock_guard<std::mutex> lock(t->rq_mu);
+    if (!t->window.load(std::memory_order_relaxed)) return;
+    // Messages already in the ring were acknowledged to the sender: they land first.
+    if (deliver) drain_window_locked(t);
+    kill_window_locked(t);
+  }
+  std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
+  auto& v = t->recv_cq->inbound;
+  v.erase(std::remove(v.begin(), v.end(), t), v.end());
+  t->recv_cq->has_inbound.store(!v.empty());
+}
+
+}  // namespace softverbs::engine

@@ -1,0 +1,59 @@
+// A receive window: how a requester in another process delivers small SENDs to a connected
+// QP without waking anyone. The target publishes, in its shared arena, how many receives it
+// has posted and how large each is; the requester checks that the next one is there and big
+// enough (else it takes the agent path, which answers RNR / errors exactly), writes the
+// message into a ring slot, and fires the target's CQ event only if that CQ is armed. The
+// target's ibv_poll_cq drains the ring into its posted buffers and writes the completions.
+//
+// One requester (the connected peer QP) writes tail, slots and rq_taken; the target writes
+// head and rq_posted. Both sides treat what the other wrote as untrusted.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace softverbs::wire {
+
+inline constexpr uint32_t kWindowMagic = 0x5356574e;  // "SVWN"
+inline constexpr uint32_t kWindowSlots = 32;
+inline constexpr uint32_t kWindowPayload = 4096;
+
+struct WindowSlot {
+  uint32_t opcode;  // IBV_WR_SEND or IBV_WR_SEND_WITH_IMM
+  uint32_t flags;   // send flags (IBV_SEND_SOLICITED matters)
+  uint32_t imm;     // network order
+  uint32_t length;
+  uint8_t pad[48];
+  uint8_t data[kWindowPayload];
+};
+
+struct WindowHeader {
+  uint32_t magic;
+  std::atomic<uint32_t> live;  // 1 while the target QP takes messages through the ring
+  uint32_t qpn;                // the target QP
+  uint32_t peer_qpn;           // the one requester QP allowed to write
+  uint64_t arm_offset;         // the target's receive CQ arm word, in the same arena
+  uint64_t cq_token;           // unused (reserved)
+  uint32_t rq_cap;             // entries of rq_len (a power of two)
+  uint32_t slots_offset;       // from the header to slots[0]
+  alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
+  alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
+  alignas(64) std::atomic<uint64_t> tail;       // requester: messages written
+  alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
+  // Followed by uint32_t rq_len[rq_cap]: byte capacity of receive #i (0: unusable), then
+  // by WindowSlot slots[kWindowSlots] at slots_offset.
+  uint32_t* rq_len() { return reinterpret_cast<uint32_t*>(this + 1); }
+  WindowSlot* slots() {
+    return reinterpret_cast<WindowSlot*>(reinterpret_cast<char*>(this) + slots_offset);
+  }
+};
+
+inline uint64_t window_bytes(uint32_t rq_cap) {
+  uint64_t slots = (sizeof(WindowHeader) + uint64_t{rq_cap} * 4 + 63) / 64 * 64;
+  return slots + uint64_t{kWindowSlots} * sizeof(WindowSlot);
+}
+
+// CQ arm values, shared by the target and its requesters.
+enum ArmWord : int { kArmNone = 0, kArmSolicited = 1, kArmNext = 2 };
+
+}  // namespace softverbs::wire
