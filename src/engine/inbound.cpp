@@ -45,7 +45,7 @@ uint32_t receive_capacity(Qp* t, const RecvWqe& r) {
 
 uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   wire::Arena* arena = wire::Arena::self();
-  if (!arena || t->srq || t->type == IBV_QPT_UD || !t->recv_cq->arm_offset) return 0;
+  if (!arena || t->srq || t->type == IBV_QPT_UD || !t->recv_cq->shared_offset) return 0;
   {
     std::lock_guard<std::mutex> lock(t->attr_mu);
     if (t->attr.dest_qp_num != peer_qpn) return 0;
@@ -77,7 +77,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->magic = wire::kWindowMagic;
   hdr->qpn = t->qpn();
   hdr->peer_qpn = peer_qpn;
-  hdr->arm_offset = t->recv_cq->arm_offset;
+  hdr->cq_offset = t->recv_cq->shared_offset;
   hdr->cq_token = reinterpret_cast<uint64_t>(t->recv_cq);
   hdr->rq_cap = rq_cap;
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
@@ -176,24 +176,34 @@ void drain_window_locked(Qp* t) {
 }
 
 void drain_inbound(Cq* cq) {
-  // Take references under the list lock, drain without it (queues before lists).
-  std::vector<wire::QpRef> qps;
+  // Pin the QPs with something waiting under the list lock; drain without it (queues are
+  // locked before lists elsewhere).
+  constexpr size_t kBatch = 16;
+  Qp* busy[kBatch];
+  size_t n = 0;
+  bool more = false;
   {
     std::lock_guard<std::mutex> lock(cq->inbound_mu);
     for (Qp* qp : cq->inbound) {
+      wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
+      if (hdr && hdr->head.load(std::memory_order_relaxed) ==
+                     hdr->tail.load(std::memory_order_acquire))
+        continue;
+      if (n == kBatch) {
+        more = true;
+        break;
+      }
       qp->users.fetch_add(1, std::memory_order_acq_rel);
-      qps.emplace_back(qp);
+      busy[n++] = qp;
     }
   }
-  for (auto& qp : qps) {
-    wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);  // rechecked below
-    if (hdr && hdr->head.load(std::memory_order_relaxed) ==
-                   hdr->tail.load(std::memory_order_acquire))
-      continue;
+  for (size_t i = 0; i < n; ++i) {
+    wire::QpRef ref(busy[i]);
     std::shared_lock keys(MrTable::instance().lock());
-    std::lock_guard<std::mutex> lock(qp->rq_mu);
-    drain_window_locked(qp.get());
+    std::lock_guard<std::mutex> lock(busy[i]->rq_mu);
+    drain_window_locked(busy[i]);
   }
+  if (more) cq->doorbell_seen.store(0, std::memory_order_relaxed);  // next poll goes on
 }
 
 void close_window(Qp* t, bool deliver) {

@@ -77,12 +77,12 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
               arena.at<char>(off, wire::window_bytes(hdr->rq_cap)) &&
               hdr->slots_offset == wire::window_bytes(hdr->rq_cap) -
                                        uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot);
-    std::atomic<int>* arm = ok ? arena.at<std::atomic<int>>(hdr->arm_offset) : nullptr;
-    if (!ok || !arm) {
+    auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
+    if (!ok || !cq) {
       pw.backoff = 64;  // ask again later, not on every send
       return std::nullopt;
     }
-    pw = {hdr, arm, slot, dst_qpn, 0};
+    pw = {hdr, cq, slot, dst_qpn, 0};
   }
   wire::WindowHeader* hdr = pw.hdr;
   uint32_t len = static_cast<uint32_t>(w.total_length);
@@ -104,8 +104,8 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   // The target turns ring messages into completions when it polls. If its CQ is armed it
   // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
   // completion is added (and the event fires) exactly as for a local arrival.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  int arm = pw.arm->load(std::memory_order_relaxed);
+  pw.cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  int arm = pw.cq->arm.load(std::memory_order_seq_cst);
   if (arm == wire::kArmNext ||
       (arm == wire::kArmSolicited && (w.flags & IBV_SEND_SOLICITED)))
     wire::agent_drain(pw.slot, dst_qpn);

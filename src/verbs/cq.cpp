@@ -94,9 +94,10 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
   }
   // The arm word goes to the shared arena, where requesters in other processes can see it.
   if (wire::Arena* arena = wire::Arena::self()) {
-    if (uint64_t off = arena->allocate(sizeof(std::atomic<int>))) {
-      cq->arm_offset = off;
-      cq->arm = arena->at<std::atomic<int>>(off);
+    if (uint64_t off = arena->allocate(sizeof(wire::CqShared))) {
+      cq->shared_offset = off;
+      cq->shared = arena->at<wire::CqShared>(off);
+      cq->arm = &cq->shared->arm;
       cq->arm->store(wire::kArmNone);
     }
   }
@@ -156,8 +157,15 @@ int destroy_cq(Cq* cq) {
 }
 
 int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
-  // Messages that peers left in receive windows become completions now.
-  if (cq->has_inbound.load(std::memory_order_relaxed)) engine::drain_inbound(cq);
+  // Messages that peers left in receive windows become completions now (they ring the
+  // CQ's doorbell after each one, so an idle CQ costs one more load).
+  if (cq->has_inbound.load(std::memory_order_relaxed)) {
+    uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
+    if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {
+      cq->doorbell_seen.store(bell, std::memory_order_relaxed);
+      engine::drain_inbound(cq);
+    }
+  }
   // An empty CQ costs one shared load (tail) and one private one (head).
   uint64_t tail = cq->tail.load(std::memory_order_acquire);
   if (tail == cq->head.load(std::memory_order_relaxed) || num_entries <= 0) {

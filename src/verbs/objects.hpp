@@ -105,9 +105,11 @@ struct Cq {
   std::atomic<uint64_t> tail{0};
   // The arm state (wire::ArmWord), in the shared arena when there is one, so that
   // requesters in other processes can fire this CQ's event; changed only by CAS.
-  std::atomic<int>* arm = &arm_local;
-  std::atomic<int> arm_local{wire::kArmNone};
-  uint64_t arm_offset = 0;  // in this process's arena; 0 if the arm word is local
+  wire::CqShared* shared = &shared_local;
+  wire::CqShared shared_local{};
+  uint64_t shared_offset = 0;  // in this process's arena; 0 if `shared` is local
+  std::atomic<int>* arm = &shared_local.arm;
+  std::atomic<uint64_t> doorbell_seen{0};  // the doorbell value last drained for
   // QPs whose receive windows feed this CQ: ibv_poll_cq drains them first.
   std::mutex inbound_mu;
   std::vector<Qp*> inbound;
@@ -219,7 +221,7 @@ struct Qp {
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   struct PeerWindow {
     wire::WindowHeader* hdr = nullptr;
-    std::atomic<int>* arm = nullptr;
+    wire::CqShared* cq = nullptr;
     int slot = 0;
     uint32_t dst_qpn = 0;
     uint32_t backoff = 0;  // sends to skip before asking for a window again

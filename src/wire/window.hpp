@@ -32,7 +32,7 @@ struct WindowHeader {
   std::atomic<uint32_t> live;  // 1 while the target QP takes messages through the ring
   uint32_t qpn;                // the target QP
   uint32_t peer_qpn;           // the one requester QP allowed to write
-  uint64_t arm_offset;         // the target's receive CQ arm word, in the same arena
+  uint64_t cq_offset;          // the target's receive CQ's CqShared, in the same arena
   uint64_t cq_token;           // unused (reserved)
   uint32_t rq_cap;             // entries of rq_len (a power of two)
   uint32_t slots_offset;       // from the header to slots[0]
@@ -55,5 +55,11 @@ inline uint64_t window_bytes(uint32_t rq_cap) {
 
 // CQ arm values, shared by the target and its requesters.
 enum ArmWord : int { kArmNone = 0, kArmSolicited = 1, kArmNext = 2 };
+
+// What a CQ shares with requesters in other processes, in its owner's arena.
+struct CqShared {
+  std::atomic<int> arm;            // ArmWord; changed only by CAS
+  alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
+};
 
 }  // namespace softverbs::wire
