@@ -10,6 +10,7 @@
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/arena.hpp"
+#include "wire/registry.hpp"
 
 namespace softverbs::engine {
 
@@ -58,6 +59,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
     if (wire::WindowHeader* w = t->window.load(std::memory_order_relaxed))
       return reinterpret_cast<char*>(w) - arena->base();
   }
+  uint64_t mr_table = MrTable::instance().shared_offset();  // before locking the keys
   uint32_t rq_cap = round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
   uint64_t bytes = wire::window_bytes(rq_cap);
   uint64_t off = arena->allocate(bytes);
@@ -78,6 +80,15 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->qpn = t->qpn();
   hdr->peer_qpn = peer_qpn;
   hdr->cq_offset = t->recv_cq->shared_offset;
+  {
+    std::lock_guard<std::mutex> attrs(t->attr_mu);
+    hdr->qp_access.store(t->attr.qp_access_flags, std::memory_order_relaxed);
+    hdr->max_dest_rd_atomic = t->attr.max_dest_rd_atomic;
+  }
+  hdr->pd_token = reinterpret_cast<uint64_t>(t->pd);
+  hdr->mr_table_offset = mr_table;
+  hdr->mr_table_cap = mr_table ? wire::kMrTableCap : 0;
+  hdr->owner_pid = wire::self_pid();
   hdr->cq_token = reinterpret_cast<uint64_t>(t->recv_cq);
   hdr->rq_cap = rq_cap;
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));

@@ -1,4 +1,5 @@
 // Requester and completer: runs the send queue, retries, completes and flushes send WQEs.
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -52,39 +53,51 @@ bool writes_local(ibv_wr_opcode op) {
          op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
+// The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
+// first time (and again after it closed); nullptr when there is none to use.
+Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+  int slot = wire::slot_of_qpn(dst_qpn);
+  if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
+  Qp::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr && (pw.dst_qpn != dst_qpn || !pw.hdr->live.load(std::memory_order_acquire)))
+    pw.hdr = nullptr;
+  if (pw.hdr) return &pw;
+  if (pw.backoff) {
+    --pw.backoff;
+    return nullptr;
+  }
+  wire::PeerArena arena;
+  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena);
+  auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
+  // Everything in the peer's arena is checked before we rely on it.
+  bool ok = hdr && hdr->magic == wire::kWindowMagic && hdr->qpn == dst_qpn &&
+            hdr->peer_qpn == qp->qpn() && hdr->rq_cap && !(hdr->rq_cap & (hdr->rq_cap - 1)) &&
+            hdr->rq_cap <= (1u << 20) && arena.at<char>(off, wire::window_bytes(hdr->rq_cap)) &&
+            hdr->slots_offset == wire::window_bytes(hdr->rq_cap) -
+                                     uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot) &&
+            hdr->owner_pid > 0;
+  auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
+  if (!ok || !cq) {
+    pw.backoff = 64;  // ask again later, not on every operation
+    return nullptr;
+  }
+  wire::MrShared* table = nullptr;
+  if (hdr->mr_table_cap == wire::kMrTableCap)
+    table = arena.at<wire::MrShared>(hdr->mr_table_offset,
+                                     sizeof(wire::MrShared) * wire::kMrTableCap);
+  bool cross_memory = pw.cross_memory && !wire::cross_memory_disabled();
+  pw = {hdr, cq, table, slot, hdr->owner_pid, dst_qpn, 0, cross_memory};
+  return &pw;
+}
+
 // A small SEND to a connected QP of another process: through the peer's receive window
 // when it has room and a big enough receive posted; nullopt means "take the agent path",
 // which answers everything else (RNR, errors, a target that went away) exactly.
 std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
                                            int nlocal, uint32_t dst_qpn) {
-  int slot = wire::slot_of_qpn(dst_qpn);
-  if (slot == wire::my_slot()) return std::nullopt;  // same process: direct anyway
-  Qp::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr && (pw.dst_qpn != dst_qpn || !pw.hdr->live.load(std::memory_order_acquire)))
-    pw.hdr = nullptr;
-  if (!pw.hdr) {
-    if (pw.backoff) {
-      --pw.backoff;
-      return std::nullopt;
-    }
-    wire::PeerArena arena;
-    uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena);
-    auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
-    // Everything in the peer's arena is checked before we rely on it.
-    bool ok = hdr && hdr->magic == wire::kWindowMagic && hdr->qpn == dst_qpn &&
-              hdr->peer_qpn == qp->qpn() && hdr->rq_cap && !(hdr->rq_cap & (hdr->rq_cap - 1)) &&
-              hdr->rq_cap <= (1u << 20) &&
-              arena.at<char>(off, wire::window_bytes(hdr->rq_cap)) &&
-              hdr->slots_offset == wire::window_bytes(hdr->rq_cap) -
-                                       uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot);
-    auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
-    if (!ok || !cq) {
-      pw.backoff = 64;  // ask again later, not on every send
-      return std::nullopt;
-    }
-    pw = {hdr, cq, slot, dst_qpn, 0};
-  }
-  wire::WindowHeader* hdr = pw.hdr;
+  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  if (!pw) return std::nullopt;
+  wire::WindowHeader* hdr = pw->hdr;
   uint32_t len = static_cast<uint32_t>(w.total_length);
   uint64_t posted = hdr->rq_posted.load(std::memory_order_acquire);
   uint64_t taken = hdr->rq_taken.load(std::memory_order_relaxed);
@@ -104,12 +117,45 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   // The target turns ring messages into completions when it polls. If its CQ is armed it
   // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
   // completion is added (and the event fires) exactly as for a local arrival.
-  pw.cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  int arm = pw.cq->arm.load(std::memory_order_seq_cst);
+  pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  int arm = pw->cq->arm.load(std::memory_order_seq_cst);
   if (arm == wire::kArmNext ||
       (arm == wire::kArmSolicited && (w.flags & IBV_SEND_SOLICITED)))
-    wire::agent_drain(pw.slot, dst_qpn);
+    wire::agent_drain(pw->slot, dst_qpn);
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
+}
+
+// RDMA WRITE / READ to a connected QP of another process, straight into / out of its
+// memory with cross-memory attach after the checks its responder would make (QP access,
+// rkey, PD, range, MR access) against what it publishes. Any doubt: nullopt, and the agent
+// path answers exactly (errors, a target that went away).
+std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                                   uint32_t dst_qpn) {
+  uint64_t len = w.total_length;
+  if (len == 0) return std::nullopt;
+  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  if (!pw || !pw->mr_table || !pw->cross_memory) return std::nullopt;
+  wire::WindowHeader* hdr = pw->hdr;
+  bool write = w.opcode == IBV_WR_RDMA_WRITE;
+  unsigned need = write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+  if (!(hdr->qp_access.load(std::memory_order_acquire) & need)) return std::nullopt;
+  if (!write && hdr->max_dest_rd_atomic == 0) return std::nullopt;
+  uint32_t index = w.rkey >> 8;
+  if (index == 0 || index >= wire::kMrTableCap) return std::nullopt;
+  wire::MrShared& e = pw->mr_table[index];
+  if (e.key.load(std::memory_order_acquire) != w.rkey) return std::nullopt;
+  uint32_t access = e.access;
+  uint64_t pd = e.pd_token, iova = e.iova, length = e.length, addr = e.addr;
+  if (e.key.load(std::memory_order_acquire) != w.rkey) return std::nullopt;  // changed meanwhile
+  if (pd != hdr->pd_token || (access & need) != need) return std::nullopt;
+  if (w.remote_addr < iova || len > length || w.remote_addr - iova > length - len)
+    return std::nullopt;
+  iovec remote{reinterpret_cast<void*>(addr + (w.remote_addr - iova)), len};
+  ssize_t done = write ? process_vm_writev(pw->pid, local, nlocal, &remote, 1, 0)
+                       : process_vm_readv(pw->pid, local, nlocal, &remote, 1, 0);
+  if (done == static_cast<ssize_t>(len)) return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+  if (done < 0 && errno == EPERM) pw->cross_memory = false;
+  return std::nullopt;
 }
 
 // Executes the head WQE once: resolves the local buffers, then lets the responder act on
@@ -166,10 +212,13 @@ Outcome execute(Qp* qp, const SendWqe& w) {
       dgid = qp->attr.ah_attr.grh.dgid;
       req.dst_qpn = qp->attr.dest_qp_num;
     }
-    if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
-        w.total_length <= wire::kWindowPayload && Device::instance().port_active() &&
-        Device::instance().is_local_gid(dgid)) {
-      if (auto o = send_through_window(qp, w, local, nlocal, req.dst_qpn)) return *o;
+    if (Device::instance().port_active() && Device::instance().is_local_gid(dgid)) {
+      if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
+          w.total_length <= wire::kWindowPayload) {
+        if (auto o = send_through_window(qp, w, local, nlocal, req.dst_qpn)) return *o;
+      } else if (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_READ) {
+        if (auto o = rdma_direct(qp, w, local, nlocal, req.dst_qpn)) return *o;
+      }
     }
   }
   // A port that is down sends nothing: to the requester that looks like silence.

@@ -4,6 +4,7 @@
 
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
+#include "wire/arena.hpp"
 
 namespace softverbs {
 
@@ -56,6 +57,43 @@ void MrTable::erase(uint32_t key) {
     slots_[index] = nullptr;
     free_.push_back(index);
   }
+  if (shared_ && index < wire::kMrTableCap) shared_[index].key.store(0, std::memory_order_release);
+}
+
+uint64_t MrTable::shared_offset() {
+  std::unique_lock lock(mu_);
+  if (!shared_) {
+    wire::Arena* arena = wire::Arena::self();
+    uint64_t off = arena ? arena->allocate(sizeof(wire::MrShared) * wire::kMrTableCap) : 0;
+    if (!off) return 0;
+    shared_offset_ = off;
+    shared_ = arena->at<wire::MrShared>(off);
+    for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i)
+      if (Mr* mr = slots_[i]) {
+        wire::MrShared& e = shared_[i];
+        e.access = mr->access;
+        e.pd_token = reinterpret_cast<uint64_t>(mr->pd);
+        e.iova = mr->iova;
+        e.length = mr->length;
+        e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr);
+        e.key.store(mr->ibv.lkey, std::memory_order_release);
+      }
+  }
+  return shared_offset_;
+}
+
+void MrTable::publish(const Mr* mr) {
+  std::unique_lock lock(mu_);
+  uint32_t index = mr->ibv.lkey >> 8;
+  if (!shared_ || index >= wire::kMrTableCap) return;
+  wire::MrShared& e = shared_[index];
+  e.key.store(0, std::memory_order_release);
+  e.access = mr->access;
+  e.pd_token = reinterpret_cast<uint64_t>(mr->pd);
+  e.iova = mr->iova;
+  e.length = mr->length;
+  e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr);
+  e.key.store(mr->ibv.lkey, std::memory_order_release);
 }
 
 Mr* MrTable::find(uint32_t key) const {
@@ -122,6 +160,7 @@ ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access
   mr->ibv.handle = key;
   mr->ibv.lkey = key;
   mr->ibv.rkey = key;
+  MrTable::instance().publish(mr);
   pd->users++;
   return &mr->ibv;
 }
@@ -150,6 +189,8 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
     mr->ibv.pd = &pd->ibv;
     pd->users++;
   }
+  lock.unlock();
+  MrTable::instance().publish(mr);
   return 0;
 }
 

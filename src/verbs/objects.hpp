@@ -222,9 +222,12 @@ struct Qp {
   struct PeerWindow {
     wire::WindowHeader* hdr = nullptr;
     wire::CqShared* cq = nullptr;
+    wire::MrShared* mr_table = nullptr;  // kMrTableCap entries, or nullptr
     int slot = 0;
+    pid_t pid = 0;
     uint32_t dst_qpn = 0;
-    uint32_t backoff = 0;  // sends to skip before asking for a window again
+    uint32_t backoff = 0;  // operations to skip before asking for a window again
+    bool cross_memory = true;  // false once the kernel refused cross-memory attach
   } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }

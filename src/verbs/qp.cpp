@@ -285,6 +285,12 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   if (int err = check_modify_mask(qp->type, cur, next, mask)) return err;
   if (int err = check_values(qp, attr, mask)) return err;
   apply_attrs(qp, attr, mask);
+  if (mask & IBV_QP_ACCESS_FLAGS) {
+    // A peer writing or reading straight into our memory checks these too.
+    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    if (wire::WindowHeader* w = qp->window.load(std::memory_order_relaxed))
+      w->qp_access.store(attr->qp_access_flags, std::memory_order_release);
+  }
   if (!(mask & IBV_QP_STATE)) return 0;
 
   if (next == IBV_QPS_RESET) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "verbs/objects.hpp"
+#include "wire/window.hpp"
 
 namespace softverbs {
 
@@ -85,8 +86,14 @@ class MrTable {
   void erase(uint32_t key);
   // Under lock(): the MR with this key, or nullptr.
   Mr* find(uint32_t key) const;
+  // (Re)publishes an MR's entry in the shared MR table, for requesters in other processes.
+  void publish(const Mr* mr);
+  // This process's published table, in its arena (offset 0 if there is none).
+  uint64_t shared_offset();
 
  private:
+  wire::MrShared* shared_ = nullptr;
+  uint64_t shared_offset_ = 0;
   mutable std::shared_mutex mu_;
   std::vector<Mr*> slots_{nullptr};
   std::vector<uint8_t> generation_{0};

@@ -335,14 +335,21 @@ struct Connection {
   CopyMode mode = kCrossMemory;
 };
 
-bool cma_disabled_by_env() {
-  const char* v = getenv("SOFTVERBS_NO_CMA");
-  return v && *v && std::strcmp(v, "0") != 0;
+}  // namespace
+
+bool cross_memory_disabled() {
+  static const bool disabled = [] {
+    const char* v = getenv("SOFTVERBS_NO_CMA");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return disabled;
 }
+
+namespace {
 
 // Asks the agent whether it can read our memory; says once per process when it cannot.
 CopyMode probe_copy_mode(int fd) {
-  if (cma_disabled_by_env()) return kThroughSocket;
+  if (cross_memory_disabled()) return kThroughSocket;
   static const uint64_t probe_word = 0x5356434d41ull;  // "SVCMA"
   WireRequest m{};
   m.magic = kMagic;

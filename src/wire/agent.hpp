@@ -19,6 +19,8 @@ void agent_kick(int slot, uint32_t qpn);
 // Asks the agent of `slot` for the receive window of its QP `dst_qpn` for our QP
 // `src_qpn`: maps that process's arena here and returns the window's offset, or 0.
 uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena);
+// True when SOFTVERBS_NO_CMA asks for payload through sockets instead of cross-memory attach.
+bool cross_memory_disabled();
 // Asks the agent of `slot` to drain the receive window of its QP `dst_qpn` (no answer).
 void agent_drain(int slot, uint32_t dst_qpn);
 

@@ -36,6 +36,14 @@ struct WindowHeader {
   uint64_t cq_token;           // unused (reserved)
   uint32_t rq_cap;             // entries of rq_len (a power of two)
   uint32_t slots_offset;       // from the header to slots[0]
+  // For RDMA WRITE/READ straight into/out of the target's memory: what the target's
+  // responder would check (the QP's remote access and PD, the MR table) and its pid.
+  std::atomic<uint32_t> qp_access;
+  uint32_t max_dest_rd_atomic;
+  uint64_t pd_token;
+  uint64_t mr_table_offset;
+  uint32_t mr_table_cap;
+  int32_t owner_pid;
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
   alignas(64) std::atomic<uint64_t> tail;       // requester: messages written
@@ -55,6 +63,18 @@ inline uint64_t window_bytes(uint32_t rq_cap) {
 
 // CQ arm values, shared by the target and its requesters.
 enum ArmWord : int { kArmNone = 0, kArmSolicited = 1, kArmNext = 2 };
+
+// One entry of a process's published MR table, indexed by key >> 8. `key` is written last
+// on registration and cleared first on deregistration; readers re-check it after reading.
+struct MrShared {
+  std::atomic<uint32_t> key;  // 0: free
+  uint32_t access;
+  uint64_t pd_token;
+  uint64_t iova;
+  uint64_t length;
+  uint64_t addr;  // in the owner's address space
+};
+inline constexpr uint32_t kMrTableCap = 1u << 16;
 
 // What a CQ shares with requesters in other processes, in its owner's arena.
 struct CqShared {
