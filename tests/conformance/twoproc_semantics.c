@@ -1,0 +1,245 @@
+/*
+ * The same verbs semantics between two processes (fork): every data path that crosses a
+ * process boundary, the fast ones (receive windows, direct RDMA WRITE/READ) and the agent
+ * ones (large SENDs, atomics, errors), and a completion event that wakes a process blocked
+ * in ibv_get_cq_event. A = requester (parent), B = responder (child). B waits in read(2)
+ * on a socket between steps: RDMA must land while the target sits outside verbs.
+ */
+#include "common.h"
+
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#define BIG (1 << 20)
+#define SMALL 64
+#define LARGE_SEND (64 * 1024)
+
+struct info {
+	uint32_t qpn;
+	uint64_t addr;
+	uint32_t rkey;
+};
+
+static int sock;
+
+static void say(int v) { CHECK(write(sock, &v, sizeof(v)) == sizeof(v)); }
+static int hear(void)
+{
+	int v = -1;
+	CHECK(read(sock, &v, sizeof(v)) == sizeof(v));
+	return v;
+}
+
+static void responder(void)
+{
+	struct sv_dev dev;
+	sv_open(&dev);
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(dev.ctx);
+	CHECK(ch != NULL);
+	struct ibv_cq *scq = sv_create_cq(&dev, 64, NULL, NULL);
+	struct ibv_cq *rcq = sv_create_cq(&dev, 64, &rcq, ch);
+	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, scq, rcq, NULL, NULL);
+	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
+	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
+	CHECK(write(sock, &me, sizeof(me)) == sizeof(me));
+	CHECK(read(sock, &peer, sizeof(peer)) == sizeof(peer));
+	CHECK_OK(sv_modify_init(qp, &cfg));
+	CHECK_OK(sv_post_recv(qp, 1, mr, 0, SMALL));
+	CHECK_OK(sv_post_recv(qp, 2, mr, SMALL, SMALL));
+	CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
+	CHECK_OK(sv_modify_rts(qp, &cfg));
+	say(1);
+
+	struct ibv_wc wc;
+	/* 1: small SEND and SEND_WITH_IMM (receive window) */
+	CHECK_EQ(hear(), 1);
+	sv_expect_wc(rcq, 1, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_RECV);
+	CHECK_EQ(wc.byte_len, SMALL);
+	CHECK_EQ(wc.src_qp, peer.qpn);
+	CHECK_EQ(wc.wc_flags & IBV_WC_WITH_IMM, 0);
+	CHECK_EQ(sv_ptr(mr, 0)[0], 0xa1);
+	CHECK_EQ(sv_ptr(mr, 0)[SMALL - 1], 0xa1);
+	sv_expect_wc(rcq, 2, IBV_WC_SUCCESS, qp, &wc);
+	CHECK(wc.wc_flags & IBV_WC_WITH_IMM);
+	CHECK_EQ(wc.imm_data, htobe32(0xfeedbeef));
+	CHECK_EQ(sv_ptr(mr, SMALL)[0], 0xa2);
+	say(1);
+
+	/* 2: a SEND larger than a window slot (agent path, cross-memory attach) */
+	CHECK_OK(sv_post_recv(qp, 3, mr, 0, LARGE_SEND));
+	say(2);
+	CHECK_EQ(hear(), 2);
+	sv_expect_wc(rcq, 3, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_EQ(wc.byte_len, LARGE_SEND);
+	for (int i = 0; i < LARGE_SEND; i += 4093)
+		CHECK_EQ(sv_ptr(mr, i)[0], (uint8_t)(i * 7));
+	say(2);
+
+	/* 3-5: RDMA WRITE, READ, atomics land while we sit in read(2) */
+	CHECK_EQ(hear(), 3);
+	for (int i = 0; i < BIG; i += 65521)
+		CHECK_EQ(sv_ptr(mr, i)[0], (uint8_t)(i * 13));
+	memset(sv_ptr(mr, 0), 0x5c, 4096);
+	uint64_t word = 100;
+	memcpy(sv_ptr(mr, 8192), &word, 8);
+	say(3);
+	CHECK_EQ(hear(), 5);
+	memcpy(&word, sv_ptr(mr, 8192), 8);
+	CHECK_EQ(word, 777u);
+	say(5);
+
+	/* 6: blocked in ibv_get_cq_event, woken by a small SEND */
+	CHECK_OK(sv_post_recv(qp, 6, mr, 0, SMALL));
+	CHECK_OK(ibv_req_notify_cq(rcq, 0));
+	say(6);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	CHECK_OK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx));
+	CHECK(ev_cq == rcq);
+	CHECK(ev_ctx == &rcq);
+	ibv_ack_cq_events(ev_cq, 1);
+	sv_expect_wc(rcq, 6, IBV_WC_SUCCESS, qp, &wc);
+	say(6);
+
+	/* 7: a bad rkey: we go to ERR with IBV_EVENT_QP_ACCESS_ERR */
+	CHECK_EQ(hear(), 7);
+	sv_expect_async(dev.ctx, IBV_EVENT_QP_ACCESS_ERR, qp);
+	CHECK_EQ(sv_query_state(qp), IBV_QPS_ERR);
+	say(7);
+
+	CHECK_EQ(hear(), 8);
+	CHECK_OK(ibv_destroy_qp(qp));
+	sv_free_mr(mr);
+	CHECK_OK(ibv_destroy_cq(scq));
+	CHECK_OK(ibv_destroy_cq(rcq));
+	CHECK_OK(ibv_destroy_comp_channel(ch));
+	sv_close(&dev);
+	_exit(0);
+}
+
+int main(void)
+{
+	sv_init("twoproc_semantics");
+	int sv[2];
+	CHECK_OK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+	pid_t child = fork();
+	CHECK(child >= 0);
+	if (child == 0) {
+		sock = sv[1];
+		close(sv[0]);
+		responder();
+	}
+	sock = sv[0];
+	close(sv[1]);
+
+	struct sv_dev dev;
+	sv_open(&dev);
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	struct ibv_cq *cq = sv_create_cq(&dev, 64, NULL, NULL);
+	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
+	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
+	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
+	CHECK(read(sock, &peer, sizeof(peer)) == sizeof(peer));
+	CHECK(write(sock, &me, sizeof(me)) == sizeof(me));
+	CHECK(peer.qpn != me.qpn);
+	CHECK_OK(sv_modify_init(qp, &cfg));
+	CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
+	CHECK_OK(sv_modify_rts(qp, &cfg));
+	CHECK_EQ(hear(), 1);
+	struct ibv_wc wc;
+
+	sv_step("small SEND and SEND_WITH_IMM to another process");
+	memset(sv_ptr(mr, 0), 0xa1, SMALL);
+	memset(sv_ptr(mr, SMALL), 0xa2, SMALL);
+	CHECK_OK(sv_post_send(qp, 11, mr, 0, SMALL, IBV_SEND_SIGNALED));
+	struct ibv_send_wr wr, *bad;
+	struct ibv_sge sge;
+	sv_wr_init(&wr, &sge, 12, IBV_WR_SEND_WITH_IMM, mr, SMALL, SMALL, IBV_SEND_SIGNALED);
+	wr.imm_data = htobe32(0xfeedbeef);
+	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	sv_expect_wc(cq, 11, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_SEND);
+	sv_expect_wc(cq, 12, IBV_WC_SUCCESS, qp, &wc);
+	say(1);
+	CHECK_EQ(hear(), 1);
+
+	sv_step("SEND of 64 KiB to another process");
+	CHECK_EQ(hear(), 2);
+	for (int i = 0; i < LARGE_SEND; i++)
+		sv_ptr(mr, i)[0] = (uint8_t)(i * 7);
+	CHECK_OK(sv_post_send(qp, 21, mr, 0, LARGE_SEND, IBV_SEND_SIGNALED));
+	sv_expect_wc(cq, 21, IBV_WC_SUCCESS, qp, &wc);
+	say(2);
+	CHECK_EQ(hear(), 2);
+
+	sv_step("RDMA WRITE of 1 MiB into a process blocked in read(2)");
+	for (int i = 0; i < BIG; i++)
+		sv_ptr(mr, i)[0] = (uint8_t)(i * 13);
+	CHECK_OK(sv_post_rdma(qp, 31, IBV_WR_RDMA_WRITE, mr, 0, BIG, IBV_SEND_SIGNALED, peer.addr,
+			      peer.rkey));
+	sv_expect_wc(cq, 31, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_RDMA_WRITE);
+	say(3);
+	CHECK_EQ(hear(), 3);
+
+	sv_step("RDMA READ and atomics from a process blocked in read(2)");
+	memset(sv_ptr(mr, 0), 0, 4096);
+	CHECK_OK(sv_post_rdma(qp, 41, IBV_WR_RDMA_READ, mr, 0, 4096, IBV_SEND_SIGNALED, peer.addr,
+			      peer.rkey));
+	sv_expect_wc(cq, 41, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_RDMA_READ);
+	CHECK_EQ(wc.byte_len, 4096);
+	CHECK_EQ(sv_ptr(mr, 0)[0], 0x5c);
+	CHECK_EQ(sv_ptr(mr, 4095)[0], 0x5c);
+	sv_wr_init(&wr, &sge, 42, IBV_WR_ATOMIC_FETCH_AND_ADD, mr, 16, 8, IBV_SEND_SIGNALED);
+	wr.wr.atomic.remote_addr = peer.addr + 8192;
+	wr.wr.atomic.rkey = peer.rkey;
+	wr.wr.atomic.compare_add = 600;
+	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	sv_expect_wc(cq, 42, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_FETCH_ADD);
+	uint64_t old;
+	memcpy(&old, sv_ptr(mr, 16), 8);
+	CHECK_EQ(old, 100u);
+	sv_wr_init(&wr, &sge, 43, IBV_WR_ATOMIC_CMP_AND_SWP, mr, 16, 8, IBV_SEND_SIGNALED);
+	wr.wr.atomic.remote_addr = peer.addr + 8192;
+	wr.wr.atomic.rkey = peer.rkey;
+	wr.wr.atomic.compare_add = 700;
+	wr.wr.atomic.swap = 777;
+	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	sv_expect_wc(cq, 43, IBV_WC_SUCCESS, qp, &wc);
+	memcpy(&old, sv_ptr(mr, 16), 8);
+	CHECK_EQ(old, 700u);
+	say(5);
+	CHECK_EQ(hear(), 5);
+
+	sv_step("a SEND wakes the other process from ibv_get_cq_event");
+	CHECK_EQ(hear(), 6);
+	sv_sleep_ms(50); /* let it block */
+	CHECK_OK(sv_post_send(qp, 61, mr, 0, SMALL, IBV_SEND_SIGNALED));
+	sv_expect_wc(cq, 61, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_EQ(hear(), 6);
+
+	sv_step("a bad rkey: IBV_WC_REM_ACCESS_ERR here, the peer's QP to ERR");
+	CHECK_OK(sv_post_rdma(qp, 71, IBV_WR_RDMA_WRITE, mr, 0, 64, IBV_SEND_SIGNALED, peer.addr,
+			      peer.rkey ^ 0x100));
+	sv_expect_wc(cq, 71, IBV_WC_REM_ACCESS_ERR, qp, &wc);
+	say(7);
+	CHECK_EQ(hear(), 7);
+
+	sv_step("teardown");
+	say(8);
+	int status;
+	CHECK_EQ(waitpid(child, &status, 0), child);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "responder failed (status %d)", status);
+	CHECK_OK(ibv_destroy_qp(qp));
+	sv_free_mr(mr);
+	CHECK_OK(ibv_destroy_cq(cq));
+	sv_close(&dev);
+	sv_pass();
+	return 0;
+}
