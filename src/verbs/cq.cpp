@@ -113,7 +113,8 @@ int resize_cq(Cq* cq, int cqe) {
   uint64_t head = cq->head.load(), tail = cq->tail.load();
   uint64_t used = tail - head;
   uint64_t size = ring_size_for(static_cast<uint64_t>(cqe));
-  if (size - 1 < used) return EINVAL;  // would drop completions
+  // ibv_resize_cq(3): the request itself must hold the unpolled completions.
+  if (static_cast<uint64_t>(cqe) < used) return EINVAL;
   std::vector<ibv_wc> ring(size);
   uint64_t old_mask = cq->ring.size() - 1;
   for (uint64_t i = 0; i < used; ++i) ring[i] = cq->ring[(head + i) & old_mask];

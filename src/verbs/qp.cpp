@@ -115,7 +115,11 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
 // Validates one send WR and turns it into a WQE (copying inline data now: the
 // application may reuse the buffer as soon as ibv_post_send returns).
 int build_send_wqe(Qp* qp, const ibv_send_wr* wr, SendWqe* w) {
-  if (!opcode_allowed(qp->type, wr->opcode)) return EINVAL;
+  // A C caller may store any integer in the enum: look at it as one before trusting it.
+  uint32_t raw;
+  std::memcpy(&raw, &wr->opcode, sizeof(raw));
+  if (raw > IBV_WR_ATOMIC_FETCH_AND_ADD || !opcode_allowed(qp->type, static_cast<ibv_wr_opcode>(raw)))
+    return EINVAL;
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
   w->wr_id = wr->wr_id;

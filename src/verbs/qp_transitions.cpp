@@ -69,7 +69,9 @@ int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int
     return EINVAL;
   const Rule& rule = table.r[cur][next];
   if (!rule.valid) return EINVAL;
-  if (type == IBV_QPT_RC && next == IBV_QPS_SQE) return EINVAL;
+  // SQE is a UC/UD state: an RC QP neither enters nor leaves it.
+  if (type == IBV_QPT_RC && (next == IBV_QPS_SQE || (cur == IBV_QPS_SQE && next == IBV_QPS_RTS)))
+    return EINVAL;
   int t = type_index(type);
   int given = mask & ~IBV_QP_STATE;
   if ((given & rule.req[t]) != rule.req[t]) return EINVAL;

@@ -191,9 +191,6 @@ TEST(QpTransitionsRc, SqeDoesNotExistForRc) {
 }
 
 TEST(QpTransitionsRc, SqeToRtsIsNotAnRcTransition) {
-  // library bug: check_modify_mask rejects RC only when *next* is SQE (qp_transitions.cpp),
-  // so RC SQE -> RTS with IBV_QP_STATE (or | IBV_QP_CUR_STATE) returns 0 instead of EINVAL.
-  GTEST_SKIP() << "library bug: check_modify_mask accepts RC SQE -> RTS";
   // IBA table 91 lists SQE -> RTS for UC and UD only.
   EXPECT_EQ(check_modify_mask(IBV_QPT_RC, IBV_QPS_SQE, IBV_QPS_RTS, IBV_QP_STATE), EINVAL);
   EXPECT_EQ(check_modify_mask(IBV_QPT_RC, IBV_QPS_SQE, IBV_QPS_RTS, IBV_QP_STATE | kCurState),
