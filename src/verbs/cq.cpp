@@ -188,8 +188,12 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   if (cq->in_error.load()) return EINVAL;
   int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
   // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
+  // The word is shared with peers: a value that is not an ArmWord counts as unarmed.
   int cur = cq->arm->load();
-  while (want > cur && !cq->arm->compare_exchange_weak(cur, want)) {
+  for (;;) {
+    bool valid = cur >= wire::kArmNone && cur <= wire::kArmNext;
+    if (valid && cur >= want) break;
+    if (cq->arm->compare_exchange_weak(cur, want)) break;
   }
   return 0;
 }
