@@ -81,10 +81,10 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
     pw.backoff = 64;  // ask again later, not on every operation
     return nullptr;
   }
-  wire::MrShared* table = nullptr;
+  const wire::MrShared* table = nullptr;
   if (hdr->mr_table_cap == wire::kMrTableCap)
-    table = arena.at<wire::MrShared>(hdr->mr_table_offset,
-                                     sizeof(wire::MrShared) * wire::kMrTableCap);
+    table = arena.published_at<wire::MrShared>(hdr->mr_table_offset,
+                                               sizeof(wire::MrShared) * wire::kMrTableCap);
   bool cross_memory = pw.cross_memory && !wire::cross_memory_disabled();
   pw = {hdr, cq, table, slot, hdr->owner_pid, dst_qpn, 0, cross_memory};
   return &pw;
@@ -142,7 +142,7 @@ std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local,
   if (!write && hdr->max_dest_rd_atomic == 0) return std::nullopt;
   uint32_t index = w.rkey >> 8;
   if (index == 0 || index >= wire::kMrTableCap) return std::nullopt;
-  wire::MrShared& e = pw->mr_table[index];
+  const wire::MrShared& e = pw->mr_table[index];
   if (e.key.load(std::memory_order_acquire) != w.rkey) return std::nullopt;
   uint32_t access = e.access;
   uint64_t pd = e.pd_token, iova = e.iova, length = e.length, addr = e.addr;

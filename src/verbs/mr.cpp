@@ -64,10 +64,11 @@ uint64_t MrTable::shared_offset() {
   std::unique_lock lock(mu_);
   if (!shared_) {
     wire::Arena* arena = wire::Arena::self();
-    uint64_t off = arena ? arena->allocate(sizeof(wire::MrShared) * wire::kMrTableCap) : 0;
+    // In the read-only published region: no peer may change what another peer relies on.
+    uint64_t off = arena ? arena->allocate_published(sizeof(wire::MrShared) * wire::kMrTableCap) : 0;
     if (!off) return 0;
     shared_offset_ = off;
-    shared_ = arena->at<wire::MrShared>(off);
+    shared_ = arena->published_at<wire::MrShared>(off);
     for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i)
       if (Mr* mr = slots_[i]) {
         wire::MrShared& e = shared_[i];

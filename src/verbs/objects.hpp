@@ -222,7 +222,7 @@ struct Qp {
   struct PeerWindow {
     wire::WindowHeader* hdr = nullptr;
     wire::CqShared* cq = nullptr;
-    wire::MrShared* mr_table = nullptr;  // kMrTableCap entries, or nullptr
+    const wire::MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
     int slot = 0;
     pid_t pid = 0;
     uint32_t dst_qpn = 0;

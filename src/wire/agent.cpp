@@ -165,37 +165,48 @@ struct Server {
   int listen_fd = -1;
 };
 
-// Sends a reply with a file descriptor attached.
-bool send_with_fd(int sock, const WireReply& r, int fd) {
+// Sends a reply with file descriptors attached (fds[1] may be -1: then only one).
+bool send_with_fds(int sock, const WireReply& r, const int fds[2]) {
+  int n = fds[1] >= 0 ? 2 : 1;
   iovec iov{const_cast<WireReply*>(&r), sizeof(r)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  c->cmsg_len = CMSG_LEN(n * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds, n * sizeof(int));
   return sendmsg(sock, &msg, MSG_NOSIGNAL) == sizeof(r);
 }
 
-// Receives a reply and the file descriptor attached to it (-1 if none).
-bool recv_with_fd(int sock, WireReply* r, int* fd) {
+// Receives a reply and up to two file descriptors attached to it (-1 where none).
+bool recv_with_fds(int sock, WireReply* r, int fds[2]) {
   iovec iov{r, sizeof(*r)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  *fd = -1;
+  fds[0] = fds[1] = -1;
   if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != sizeof(*r)) return false;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    int got[2] = {-1, -1};
+    std::memcpy(got, CMSG_DATA(c), std::min<size_t>(n, 2) * sizeof(int));
+    for (size_t i = 2; i < n; ++i) {  // more than we asked for: not ours to keep
+      int extra;
+      std::memcpy(&extra, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      close(extra);
+    }
+    fds[0] = got[0];
+    fds[1] = got[1];
+  }
   return true;
 }
 
@@ -225,7 +236,8 @@ bool serve_one(const Server& srv, int fd) {
     if (off && arena) {
       r.kind = Reply::Ack;
       r.value = off;
-      send_with_fd(fd, r, arena->fd());
+      int fds[2] = {arena->fd(), arena->published_fd()};
+      send_with_fds(fd, r, fds);
     } else {
       (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
     }
@@ -518,23 +530,24 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   }
   pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
-  int fd = -1;
-  if (poll(&p, 1, kReplyTimeoutMs) <= 0 || !recv_with_fd(c->fd, &r, &fd) || r.magic != kMagic) {
-    if (fd >= 0) close(fd);
+  int fds[2] = {-1, -1};
+  auto close_fds = [&fds] {
+    for (int f : fds)
+      if (f >= 0) close(f);
+  };
+  if (poll(&p, 1, kReplyTimeoutMs) <= 0 || !recv_with_fds(c->fd, &r, fds) || r.magic != kMagic) {
+    close_fds();
     drop(*c);
-    return 0;
-  }
-  if (r.kind != Reply::Ack || fd < 0) {
-    if (fd >= 0) close(fd);
     return 0;
   }
   ucred cred{};
   socklen_t clen = sizeof(cred);
-  if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-    close(fd);
+  if (r.kind != Reply::Ack || fds[0] < 0 ||
+      getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+    close_fds();
     return 0;
   }
-  *arena = map_peer_arena(slot, cred.pid, fd);
+  *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1]);
   return arena->base ? r.value : 0;
 }
 

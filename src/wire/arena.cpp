@@ -1,11 +1,13 @@
 #include "wire/arena.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <map>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -15,6 +17,7 @@ namespace {
 
 constexpr size_t kArenaSize = size_t{256} << 20;  // sparse: only touched pages cost memory
 constexpr size_t kAlign = 4096;
+constexpr size_t kPublishedSize = size_t{16} << 20;
 
 std::mutex g_mu;
 pid_t g_owner = 0;
@@ -54,8 +57,34 @@ Arena* Arena::self() {
   arena->fd_ = fd;
   arena->base_ = static_cast<char*>(p);
   arena->size_ = kArenaSize;
+  // The published region: a memfd peers receive through a read-only reopening.
+  int pfd = memfd_create("softverbs-published", MFD_CLOEXEC);
+  if (pfd >= 0 && ftruncate(pfd, static_cast<off_t>(kPublishedSize)) == 0) {
+    void* q = mmap(nullptr, kPublishedSize, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    std::string path = "/proc/self/fd/" + std::to_string(pfd);
+    int ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (q != MAP_FAILED && ro >= 0) {
+      arena->published_base_ = static_cast<char*>(q);
+      arena->published_size_ = kPublishedSize;
+      arena->published_ro_fd_ = ro;
+      arena->published_next_ = kAlign;
+    } else {
+      if (q != MAP_FAILED) munmap(q, kPublishedSize);
+      if (ro >= 0) close(ro);
+    }
+  }
+  if (pfd >= 0) close(pfd);
   g_self = arena;
   return arena;
+}
+
+uint64_t Arena::allocate_published(size_t bytes) {
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!published_base_ || published_next_ + bytes > published_size_) return 0;
+  uint64_t off = published_next_;
+  published_next_ += bytes;
+  return off;
 }
 
 uint64_t Arena::allocate(size_t bytes) {
@@ -81,23 +110,33 @@ void Arena::release(uint64_t offset, size_t bytes) {
   g_free.emplace(bytes, offset);
 }
 
-PeerArena map_peer_arena(int slot, pid_t pid, int fd) {
+namespace {
+// Maps all of `fd` (then closes it); nullptr on failure.
+char* map_whole(int fd, int prot, size_t* size) {
+  struct stat st;
+  void* p = MAP_FAILED;
+  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0) {
+    *size = static_cast<size_t>(st.st_size);
+    p = mmap(nullptr, *size, prot, MAP_SHARED, fd, 0);
+  }
+  if (fd >= 0) close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+}  // namespace
+
+PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& cached = (*g_peers)[{slot, pid}];
   if (cached.base) {
     close(fd);
+    if (published_fd >= 0) close(published_fd);
     return cached;
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || st.st_size <= 0) {
-    close(fd);
-    return {};
-  }
-  size_t size = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return {};
-  cached = {static_cast<char*>(p), size};
+  PeerArena mapped;
+  mapped.base = map_whole(fd, PROT_READ | PROT_WRITE, &mapped.size);
+  mapped.published = map_whole(published_fd, PROT_READ, &mapped.published_size);
+  if (!mapped.base) return {};
+  cached = mapped;
   return cached;
 }
 

@@ -16,6 +16,14 @@ class Arena {
   // This process's arena (created on first use, again after fork); nullptr if memfd fails.
   static Arena* self();
   int fd() const { return fd_; }
+  // A second region that peers may only read (they get a read-only fd): what one peer must
+  // not be able to change under another, such as the MR table. -1 if it could not be made.
+  int published_fd() const { return published_ro_fd_; }
+  uint64_t allocate_published(size_t bytes);
+  template <typename T>
+  T* published_at(uint64_t offset) const {
+    return reinterpret_cast<T*>(published_base_ + offset);
+  }
   char* base() const { return base_; }
   size_t size() const { return size_; }
   // Fixed-size blocks; offsets are what peers are told. 0 means "no memory".
@@ -30,21 +38,35 @@ class Arena {
   int fd_ = -1;
   char* base_ = nullptr;
   size_t size_ = 0;
+  int published_ro_fd_ = -1;
+  char* published_base_ = nullptr;
+  size_t published_size_ = 0;
+  uint64_t published_next_ = 0;
 };
 
 // A peer's arena as mapped here (cached per process slot and pid).
 struct PeerArena {
   char* base = nullptr;
   size_t size = 0;
+  const char* published = nullptr;  // mapped read-only
+  size_t published_size = 0;
   template <typename T>
   T* at(uint64_t offset, size_t bytes = sizeof(T)) const {
     if (!base || offset > size || bytes > size - offset || offset % alignof(T)) return nullptr;
     return reinterpret_cast<T*>(base + offset);
   }
+  template <typename T>
+  const T* published_at(uint64_t offset, size_t bytes = sizeof(T)) const {
+    if (!published || offset > published_size || bytes > published_size - offset ||
+        offset % alignof(T))
+      return nullptr;
+    return reinterpret_cast<const T*>(published + offset);
+  }
 };
 
-// Maps (or finds the mapping of) the arena `fd` of the process in `slot`; takes the fd.
-PeerArena map_peer_arena(int slot, pid_t pid, int fd);
+// Maps (or finds the mapping of) the arena of the process in `slot`: `fd` read-write and
+// `published_fd` (may be -1) read-only. Takes both fds.
+PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd);
 PeerArena find_peer_arena(int slot, pid_t pid);
 
 }  // namespace softverbs::wire

@@ -41,7 +41,7 @@ struct WindowHeader {
   std::atomic<uint32_t> qp_access;
   uint32_t max_dest_rd_atomic;
   uint64_t pd_token;
-  uint64_t mr_table_offset;
+  uint64_t mr_table_offset;    // in the owner's read-only published region
   uint32_t mr_table_cap;
   int32_t owner_pid;
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
