@@ -104,6 +104,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
     }
     hdr->rq_len()[i++ & (rq_cap - 1)] = ok ? static_cast<uint32_t>(std::min<uint64_t>(cap, UINT32_MAX)) : 0;
   }
+  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, i, 0};
   hdr->rq_posted.store(i, std::memory_order_relaxed);
   hdr->rq_taken.store(0, std::memory_order_relaxed);
   hdr->head.store(0, std::memory_order_relaxed);
@@ -121,22 +122,23 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
 void publish_receive_locked(Qp* t, uint32_t capacity) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
-  uint64_t n = hdr->rq_posted.load(std::memory_order_relaxed);
-  hdr->rq_len()[n & (hdr->rq_cap - 1)] = capacity;
-  hdr->rq_posted.store(n + 1, std::memory_order_release);
+  Qp::InboundWindow& in = t->inbound;
+  in.rq_len[in.posted & (in.rq_cap - 1)] = capacity;
+  hdr->rq_posted.store(++in.posted, std::memory_order_release);
 }
 
 void drain_window_locked(Qp* t) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
-  uint64_t head = hdr->head.load(std::memory_order_relaxed);
+  Qp::InboundWindow& in = t->inbound;
+  uint64_t head = in.head;
   uint64_t tail = hdr->tail.load(std::memory_order_acquire);
   if (tail - head > wire::kWindowSlots) {  // the peer wrote garbage: stop using the window
     kill_window_locked(t);
     return;
   }
   for (; head != tail; ++head) {
-    const wire::WindowSlot& slot = hdr->slots()[head % wire::kWindowSlots];
+    const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
     // Read each field once: the peer's memory may change under us.
     uint32_t opcode = slot.opcode, flags = slot.flags, imm = slot.imm, len = slot.length;
     if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || len > wire::kWindowPayload ||
@@ -153,7 +155,7 @@ void drain_window_locked(Qp* t) {
     ibv_wc wc{};
     wc.wr_id = r.wr_id;
     wc.qp_num = t->qpn();
-    wc.src_qp = hdr->peer_qpn;
+    wc.src_qp = in.peer_qpn;
     wc.opcode = IBV_WC_RECV;
     wc.byte_len = len;
     if (opcode == IBV_WR_SEND_WITH_IMM) {
@@ -174,7 +176,8 @@ void drain_window_locked(Qp* t) {
     if (!ok || cap < len) {
       wc.status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
       cq_push(t->recv_cq, wc, false);
-      hdr->head.store(head + 1, std::memory_order_release);
+      in.head = head + 1;
+      hdr->head.store(in.head, std::memory_order_release);
       kill_window_locked(t);
       set_error(t, -1);
       return;
@@ -182,7 +185,8 @@ void drain_window_locked(Qp* t) {
     iovec src{const_cast<uint8_t*>(slot.data), len};
     wire::copy_local(dst, n, &src, 1, len);
     cq_push(t->recv_cq, wc, (flags & IBV_SEND_SOLICITED) != 0);
-    hdr->head.store(head + 1, std::memory_order_release);
+    in.head = head + 1;
+    hdr->head.store(in.head, std::memory_order_release);
   }
 }
 
@@ -198,7 +202,7 @@ void drain_inbound(Cq* cq) {
     for (Qp* qp : cq->inbound) {
       wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
       if (hdr && hdr->head.load(std::memory_order_relaxed) ==
-                     hdr->tail.load(std::memory_order_acquire))
+                     hdr->tail.load(std::memory_order_acquire))  // a hint; drained under the lock
         continue;
       if (n == kBatch) {
         more = true;

@@ -69,24 +69,30 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   wire::PeerArena arena;
   uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena);
   auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
-  // Everything in the peer's arena is checked before we rely on it.
+  // Everything in the peer's arena is read once into locals, checked, and kept here: the
+  // peer (or anyone scribbling on its memory) may change it at any time afterwards.
+  uint32_t rq_cap = hdr ? hdr->rq_cap : 0;
+  uint64_t bytes = wire::window_bytes(rq_cap);
+  uint64_t slots_at = bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot);
   bool ok = hdr && hdr->magic == wire::kWindowMagic && hdr->qpn == dst_qpn &&
-            hdr->peer_qpn == qp->qpn() && hdr->rq_cap && !(hdr->rq_cap & (hdr->rq_cap - 1)) &&
-            hdr->rq_cap <= (1u << 20) && arena.at<char>(off, wire::window_bytes(hdr->rq_cap)) &&
-            hdr->slots_offset == wire::window_bytes(hdr->rq_cap) -
-                                     uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot) &&
-            hdr->owner_pid > 0;
+            hdr->peer_qpn == qp->qpn() && rq_cap && !(rq_cap & (rq_cap - 1)) &&
+            rq_cap <= (1u << 20) && arena.at<char>(off, bytes);
+  pid_t pid = ok ? hdr->owner_pid : 0;
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
-  if (!ok || !cq) {
+  if (!ok || !cq || pid <= 0) {
     pw.backoff = 64;  // ask again later, not on every operation
     return nullptr;
   }
   const wire::MrShared* table = nullptr;
+  uint64_t table_at = hdr->mr_table_offset;
   if (hdr->mr_table_cap == wire::kMrTableCap)
-    table = arena.published_at<wire::MrShared>(hdr->mr_table_offset,
+    table = arena.published_at<wire::MrShared>(table_at,
                                                sizeof(wire::MrShared) * wire::kMrTableCap);
   bool cross_memory = pw.cross_memory && !wire::cross_memory_disabled();
-  pw = {hdr, cq, table, slot, hdr->owner_pid, dst_qpn, 0, cross_memory};
+  char* base = reinterpret_cast<char*>(hdr);
+  pw = {hdr, cq, table, reinterpret_cast<wire::WindowSlot*>(base + slots_at),
+        reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader)), rq_cap, slot, pid,
+        dst_qpn, 0, cross_memory};
   return &pw;
 }
 
@@ -102,10 +108,10 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   uint64_t posted = hdr->rq_posted.load(std::memory_order_acquire);
   uint64_t taken = hdr->rq_taken.load(std::memory_order_relaxed);
   if (posted == taken) return std::nullopt;  // no receive posted: RNR, via the agent
-  if (hdr->rq_len()[taken & (hdr->rq_cap - 1)] < len) return std::nullopt;
+  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return std::nullopt;
   uint64_t tail = hdr->tail.load(std::memory_order_relaxed);
   if (tail - hdr->head.load(std::memory_order_acquire) >= wire::kWindowSlots) return std::nullopt;
-  wire::WindowSlot& s = hdr->slots()[tail % wire::kWindowSlots];
+  wire::WindowSlot& s = pw->slots[tail % wire::kWindowSlots];
   s.opcode = w.opcode;
   s.flags = w.flags;
   s.imm = w.imm;

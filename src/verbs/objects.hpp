@@ -216,13 +216,26 @@ struct Qp {
   std::atomic<int> users{0};  // in-flight lookups by peers and the progress thread
   uint32_t events_reported = 0;  // under ibv.qp_base.mutex
 
-  // Target side: the receive window a remote requester writes into (under rq_mu).
+  // Target side: the receive window a remote requester writes into (under rq_mu). The
+  // peer can write anywhere in it, so what we index with is kept here, not read back.
   std::atomic<wire::WindowHeader*> window{nullptr};
+  struct InboundWindow {
+    wire::WindowSlot* slots = nullptr;
+    uint32_t* rq_len = nullptr;
+    uint32_t rq_cap = 0;
+    uint32_t peer_qpn = 0;
+    uint64_t posted = 0;  // receives published
+    uint64_t head = 0;    // messages consumed
+  } inbound;
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   struct PeerWindow {
     wire::WindowHeader* hdr = nullptr;
     wire::CqShared* cq = nullptr;
     const wire::MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
+    // Checked once when the window was opened and never read back from the peer's memory:
+    wire::WindowSlot* slots = nullptr;
+    const uint32_t* rq_len = nullptr;
+    uint32_t rq_cap = 0;
     int slot = 0;
     pid_t pid = 0;
     uint32_t dst_qpn = 0;
