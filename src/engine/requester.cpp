@@ -1,4 +1,5 @@
 // Requester and completer: runs the send queue, retries, completes and flushes send WQEs.
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -67,7 +68,8 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
     return nullptr;
   }
   wire::PeerArena arena;
-  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena);
+  int wake_fd = -1;
+  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena, &wake_fd);
   auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
   // Everything in the peer's arena is read once into locals, checked, and kept here: the
   // peer (or anyone scribbling on its memory) may change it at any time afterwards.
@@ -79,7 +81,10 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
             rq_cap <= (1u << 20) && arena.at<char>(off, bytes);
   pid_t pid = ok ? hdr->owner_pid : 0;
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
+  if (pw.wake_fd >= 0) close(pw.wake_fd);
+  pw.wake_fd = -1;
   if (!ok || !cq || pid <= 0) {
+    if (wake_fd >= 0) close(wake_fd);
     pw.backoff = 64;  // ask again later, not on every operation
     return nullptr;
   }
@@ -92,7 +97,7 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   char* base = reinterpret_cast<char*>(hdr);
   pw = {hdr, cq, table, reinterpret_cast<wire::WindowSlot*>(base + slots_at),
         reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader)), rq_cap, slot, pid,
-        dst_qpn, 0, cross_memory};
+        dst_qpn, 0, cross_memory, wake_fd};
   return &pw;
 }
 
@@ -125,9 +130,13 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   // completion is added (and the event fires) exactly as for a local arrival.
   pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
   int arm = pw->cq->arm.load(std::memory_order_seq_cst);
-  if (arm == wire::kArmNext ||
-      (arm == wire::kArmSolicited && (w.flags & IBV_SEND_SOLICITED)))
-    wire::agent_drain(pw->slot, dst_qpn);
+  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (w.flags & IBV_SEND_SOLICITED))) {
+    // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
+    // have its agent drain when we have no way to reach the channel.
+    char one = 1;
+    if (pw->wake_fd < 0 || send(pw->wake_fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+      wire::agent_drain(pw->slot, dst_qpn);
+  }
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
 }
 
@@ -327,6 +336,9 @@ void start() {
   // thread, never on the caller's: the agent must not block on other processes.
   hooks.kick = [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); };
   hooks.open_window = &open_window;
+  hooks.wake_fd = [](Qp* qp) {
+    return qp->recv_cq->channel ? qp->recv_cq->channel->events.write_fd() : -1;
+  };
   hooks.drain = [](Qp* qp) {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<std::mutex> lock(qp->rq_mu);

@@ -1,5 +1,6 @@
 // Completion queues, completion channels and the notification machinery.
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include "engine/engine.hpp"
@@ -91,6 +92,8 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
     pthread_mutex_lock(&ctx->ibv()->mutex);
     ch->ibv.refcnt++;
     pthread_mutex_unlock(&ctx->ibv()->mutex);
+    std::lock_guard<std::mutex> lock(ch->cqs_mu);
+    ch->cqs.push_back(cq);
   }
   // The arm word goes to the shared arena, where requesters in other processes can see it.
   if (wire::Arena* arena = wire::Arena::self()) {
@@ -132,6 +135,10 @@ int destroy_cq(Cq* cq) {
     std::lock_guard<std::mutex> lock(cq->produce_mu);
     cq->destroying = true;
     cq->arm->store(wire::kArmNone);
+  }
+  if (CompChannel* ch = cq->channel) {
+    std::lock_guard<std::mutex> lock(ch->cqs_mu);
+    ch->cqs.erase(std::remove(ch->cqs.begin(), ch->cqs.end(), cq), ch->cqs.end());
   }
   // Events not yet handed out vanish; those handed out must be acked first.
   if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
@@ -247,11 +254,19 @@ void cq_purge_qp(Cq* cq, uint32_t qpn) {
 
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   Cq* cq = nullptr;
-  int rc = ch->events.wait_pop(&cq, [](Cq* c) {
+  auto deliver = [](Cq* c) {
     pthread_mutex_lock(&c->cq()->mutex);
     c->comp_events_reported++;
     pthread_mutex_unlock(&c->cq()->mutex);
-  });
+  };
+  // A peer that finds one of our CQs armed after leaving a message in a receive window
+  // wakes this channel directly: the messages become completions (and events) here.
+  auto refill = [ch] {
+    std::lock_guard<std::mutex> lock(ch->cqs_mu);
+    for (Cq* c : ch->cqs)
+      if (c->has_inbound.load(std::memory_order_relaxed)) engine::drain_inbound(c);
+  };
+  int rc = ch->events.wait_pop(&cq, deliver, refill);
   if (rc != 0) return rc;
   *out_cq = cq->cq();
   *out_context = cq->cq()->cq_context;

@@ -39,6 +39,8 @@ class EventQueue {
     read_fd_ = write_fd_ = -1;
   }
   int fd() const { return read_fd_; }
+  // The other end: writing a byte to it makes fd() readable (how a peer wakes a waiter).
+  int write_fd() const { return write_fd_; }
 
   void push(const T& item) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -63,7 +65,20 @@ class EventQueue {
   // Blocks unless the application set O_NONBLOCK on the fd. Returns 0, or -1 with errno.
   template <typename F>
   int wait_pop(T* out, F&& deliver) {
+    return wait_pop(out, deliver, [] {});
+  }
+
+  // The same, for a queue that peers may also wake (by writing to write_fd()) after they
+  // left work that `refill` turns into events. Wake-ups are consumed before refilling, so
+  // one that arrives after the refill stays and ends the next wait.
+  template <typename F, typename R>
+  int wait_pop(T* out, F&& deliver, R&& refill) {
     for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (items_.empty()) lower_level();
+      }
+      refill();
       if (try_pop(out, deliver)) return 0;
       int flags = fcntl(read_fd_, F_GETFL);
       if (flags < 0) return -1;

@@ -85,6 +85,9 @@ struct CompChannel {
   uint32_t magic = kChanMagic;
   Context* ctx;
   EventQueue<Cq*> events;
+  // Its CQs: a peer that woke the channel left messages in their receive windows.
+  std::mutex cqs_mu;
+  std::vector<Cq*> cqs;
   static CompChannel* from(ibv_comp_channel* c);
 };
 
@@ -241,6 +244,7 @@ struct Qp {
     uint32_t dst_qpn = 0;
     uint32_t backoff = 0;  // operations to skip before asking for a window again
     bool cross_memory = true;  // false once the kernel refused cross-memory attach
+    int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
   } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }

@@ -1,4 +1,6 @@
 // Queue pairs: creation with actual caps, the state machine, posting work requests.
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -379,6 +381,7 @@ int destroy_qp(Qp* qp) {
   qp->send_cq->users--;
   qp->recv_cq->users--;
   if (qp->srq) qp->srq->users--;
+  if (qp->peer_window.wake_fd >= 0) close(qp->peer_window.wake_fd);
   pthread_mutex_destroy(&q->mutex);
   pthread_cond_destroy(&q->cond);
   qp->magic = kDead;

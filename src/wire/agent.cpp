@@ -165,11 +165,15 @@ struct Server {
   int listen_fd = -1;
 };
 
-// Sends a reply with file descriptors attached (fds[1] may be -1: then only one).
-bool send_with_fds(int sock, const WireReply& r, const int fds[2]) {
-  int n = fds[1] >= 0 ? 2 : 1;
+constexpr int kMaxFds = 3;
+
+// Sends a reply with file descriptors attached; the -1 entries are left out (the receiver
+// gets the others in order, so only trailing ones may be -1).
+bool send_with_fds(int sock, const WireReply& r, const int fds[kMaxFds]) {
+  int n = 0;
+  while (n < kMaxFds && fds[n] >= 0) ++n;
   iovec iov{const_cast<WireReply*>(&r), sizeof(r)};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -183,29 +187,28 @@ bool send_with_fds(int sock, const WireReply& r, const int fds[2]) {
   return sendmsg(sock, &msg, MSG_NOSIGNAL) == sizeof(r);
 }
 
-// Receives a reply and up to two file descriptors attached to it (-1 where none).
-bool recv_with_fds(int sock, WireReply* r, int fds[2]) {
+// Receives a reply and the file descriptors attached to it (-1 where none).
+bool recv_with_fds(int sock, WireReply* r, int fds[kMaxFds]) {
   iovec iov{r, sizeof(*r)};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  fds[0] = fds[1] = -1;
+  for (int i = 0; i < kMaxFds; ++i) fds[i] = -1;
   if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != sizeof(*r)) return false;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    int got[2] = {-1, -1};
-    std::memcpy(got, CMSG_DATA(c), std::min<size_t>(n, 2) * sizeof(int));
-    for (size_t i = 2; i < n; ++i) {  // more than we asked for: not ours to keep
-      int extra;
-      std::memcpy(&extra, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      close(extra);
+    for (size_t i = 0; i < n; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (i < kMaxFds && fds[i] < 0)
+        fds[i] = fd;
+      else
+        close(fd);  // more than we asked for: not ours to keep
     }
-    fds[0] = got[0];
-    fds[1] = got[1];
   }
   return true;
 }
@@ -230,13 +233,18 @@ bool serve_one(const Server& srv, int fd) {
   WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0, 0, 0};
   if (m.kind == kOpenWindow) {
     uint64_t off = 0;
-    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff))
+    int wake = -1;
+    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) {
       off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff);
+      wake = srv.hooks.wake_fd(qp.get());
+    }
     Arena* arena = Arena::self();
     if (off && arena) {
       r.kind = Reply::Ack;
       r.value = off;
-      int fds[2] = {arena->fd(), arena->published_fd()};
+      // The arena, its read-only published region, and the receive CQ's channel waker.
+      int published = arena->published_fd();
+      int fds[kMaxFds] = {arena->fd(), published, published >= 0 ? wake : -1};
       send_with_fds(fd, r, fds);
     } else {
       (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
@@ -515,7 +523,9 @@ void agent_kick(int slot, uint32_t qpn) {
     drop(*c);
 }
 
-uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena) {
+uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena,
+                           int* wake_fd) {
+  *wake_fd = -1;
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
   if (!ensure_connected(*c, slot)) return 0;
@@ -530,7 +540,7 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   }
   pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
-  int fds[2] = {-1, -1};
+  int fds[kMaxFds] = {-1, -1, -1};
   auto close_fds = [&fds] {
     for (int f : fds)
       if (f >= 0) close(f);
@@ -548,6 +558,7 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
     return 0;
   }
   *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1]);
+  *wake_fd = fds[2];
   return arena->base ? r.value : 0;
 }
 

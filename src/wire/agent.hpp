@@ -18,7 +18,9 @@ Reply agent_call(int slot, const Request& req);
 void agent_kick(int slot, uint32_t qpn);
 // Asks the agent of `slot` for the receive window of its QP `dst_qpn` for our QP
 // `src_qpn`: maps that process's arena here and returns the window's offset, or 0.
-uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena);
+// *wake_fd gets an fd that wakes the target's completion channel (or -1); ours to close.
+uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena,
+                           int* wake_fd);
 // True when SOFTVERBS_NO_CMA asks for payload through sockets instead of cross-memory attach.
 bool cross_memory_disabled();
 // Asks the agent of `slot` to drain the receive window of its QP `dst_qpn` (no answer).

@@ -88,6 +88,8 @@ struct EngineHooks {
   // Turns what a peer left in `target`'s receive window into completions now (the peer
   // saw the receive CQ armed: a blocked ibv_get_cq_event must hear of them).
   void (*drain)(Qp* target) = nullptr;
+  // The fd that wakes `target`'s receive CQ's completion channel, or -1 (no channel).
+  int (*wake_fd)(Qp* target) = nullptr;
 };
 
 class Transport {
