@@ -15,8 +15,10 @@
 namespace softverbs {
 
 namespace {
-std::mutex g_contexts_mu;
-std::set<Context*> g_contexts;
+// Never destroyed: background threads (agent, progress, watcher) may still walk the
+// contexts while static destructors run at exit.
+std::mutex& g_contexts_mu = *new std::mutex;
+std::set<Context*>& g_contexts = *new std::set<Context*>;
 
 // Which counter an async event's element acknowledges; null for port/device events.
 // Returns the mutex/cond pair and the counter of the element's object.

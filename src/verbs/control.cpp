@@ -26,9 +26,9 @@ std::string read_word_file(const std::string& path) {
   return line;
 }
 
-std::mutex g_mu;
+std::mutex& g_mu = *new std::mutex;  // immortal: the watcher thread outlives exit()
 pid_t g_owner = 0;
-std::string g_device_token;  // last "device" content seen; a change to "fatal …" fires
+std::string& g_device_token = *new std::string;  // last "device" content seen; a change to "fatal …" fires
 
 void apply_port_state(bool raise) {
   std::string s = read_word_file(state_dir() + "/port1");

@@ -74,8 +74,8 @@ std::vector<GidEntry> collect_gids() {
 }  // namespace
 
 Device& Device::instance() {
-  static Device dev;
-  return dev;
+  static Device* dev = new Device;  // immortal: background threads use it during exit()
+  return *dev;
 }
 
 Device* device_from_ibv(ibv_device* dev) {

@@ -29,8 +29,8 @@ int check_access(unsigned access) {
 }  // namespace
 
 MrTable& MrTable::instance() {
-  static MrTable table;
-  return table;
+  static MrTable* table = new MrTable;  // immortal: the agent may use it during exit()
+  return *table;
 }
 
 uint32_t MrTable::insert(Mr* mr) {

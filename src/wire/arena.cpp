@@ -23,7 +23,7 @@ std::mutex g_mu;
 pid_t g_owner = 0;
 Arena* g_self = nullptr;
 uint64_t g_next = kAlign;  // offset 0 stays unused: it means "none"
-std::multimap<size_t, uint64_t> g_free;  // size -> offset
+std::multimap<size_t, uint64_t>& g_free = *new std::multimap<size_t, uint64_t>;  // size -> offset
 
 struct PeerKey {
   int slot;
