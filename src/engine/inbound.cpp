@@ -89,7 +89,6 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->mr_table_offset = mr_table;
   hdr->mr_table_cap = mr_table ? wire::kMrTableCap : 0;
   hdr->owner_pid = wire::self_pid();
-  hdr->cq_token = reinterpret_cast<uint64_t>(t->recv_cq);
   hdr->rq_cap = rq_cap;
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
   uint64_t i = 0;

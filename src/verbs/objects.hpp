@@ -43,10 +43,6 @@ struct CompChannel;
 struct Qp;
 struct Srq;
 
-struct AsyncRecord {
-  ibv_async_event event;
-};
-
 struct Context {
   verbs_context vctx;  // ibv_context is its last member; the application sees &vctx.context
   uint32_t magic = kCtxMagic;

@@ -33,7 +33,7 @@ struct WindowHeader {
   uint32_t qpn;                // the target QP
   uint32_t peer_qpn;           // the one requester QP allowed to write
   uint64_t cq_offset;          // the target's receive CQ's CqShared, in the same arena
-  uint64_t cq_token;           // unused (reserved)
+  uint64_t reserved;
   uint32_t rq_cap;             // entries of rq_len (a power of two)
   uint32_t slots_offset;       // from the header to slots[0]
   // For RDMA WRITE/READ straight into/out of the target's memory: what the target's
