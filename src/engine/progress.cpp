@@ -104,10 +104,16 @@ class Progress {
         lock.lock();
         continue;
       }
-      int timeout = -1;
+      // ppoll's nanosecond timeout: RNR timers are tens of microseconds, well under the
+      // millisecond (and scheduler-tick) granularity of poll's.
+      timespec ts{};
+      timespec* timeout = nullptr;
       if (next != timers_.end()) {
-        auto ms = std::chrono::ceil<std::chrono::milliseconds>(next->first - Clock::now());
-        timeout = static_cast<int>(std::max<int64_t>(0, ms.count()));
+        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(next->first - Clock::now());
+        int64_t n = std::max<int64_t>(0, ns.count());
+        ts.tv_sec = static_cast<time_t>(n / 1000000000);
+        ts.tv_nsec = static_cast<long>(n % 1000000000);
+        timeout = &ts;
       }
       std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
       std::vector<int> slots{0};
@@ -116,7 +122,7 @@ class Progress {
         slots.push_back(slot);
       }
       lock.unlock();
-      int n = poll(fds.data(), fds.size(), timeout);
+      int n = ppoll(fds.data(), fds.size(), timeout, nullptr);
       lock.lock();
       if (n <= 0) continue;
       uint64_t drain;
