@@ -44,6 +44,9 @@ void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status);
 // Peer processes: connected QPs fail when the process at the other end dies.
 void watch_peer_of(Qp* qp);  // after a connected QP learned its destination
 void peer_died(int slot);
+void fail_if_still_connected(Qp* qp, int slot);
+// How long a requester waits for an answer before it retries (the QP's `timeout`).
+Clock::duration ack_timeout(uint8_t timeout);
 
 // Receive windows, target side (inbound.cpp).
 uint64_t open_window(Qp* t, uint32_t peer_qpn);  // arena offset, 0 if not possible

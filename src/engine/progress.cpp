@@ -35,6 +35,13 @@ class Progress {
     timers_.emplace(when, qpn);
     wake();
   }
+  // QP `qpn` fails at `when` unless it was reset or reconnected meanwhile.
+  void fail_at(uint32_t qpn, int slot, Clock::time_point when) {
+    std::lock_guard<std::mutex> lock(mu_);
+    start_locked();
+    fatals_.emplace(when, std::make_pair(qpn, slot));
+    wake();
+  }
   void flush(uint32_t qpn) {
     std::lock_guard<std::mutex> lock(mu_);
     start_locked();
@@ -67,6 +74,7 @@ class Progress {
     if (owner_ == wire::self_pid()) return;
     owner_ = wire::self_pid();
     timers_.clear();
+    fatals_.clear();
     flushes_.clear();
     dead_slots_.clear();
     for (auto& [slot, peer] : peers_) close(peer.pidfd);
@@ -95,6 +103,15 @@ class Progress {
         lock.lock();
         continue;
       }
+      auto fatal = fatals_.begin();
+      if (fatal != fatals_.end() && fatal->first <= Clock::now()) {
+        auto [qpn, slot] = fatal->second;
+        fatals_.erase(fatal);
+        lock.unlock();
+        if (wire::QpRef qp = wire::transport().find_local(qpn)) fail_if_still_connected(qp.get(), slot);
+        lock.lock();
+        continue;
+      }
       auto next = timers_.begin();
       if (next != timers_.end() && next->first <= Clock::now()) {
         uint32_t qpn = next->second;
@@ -108,8 +125,11 @@ class Progress {
       // millisecond (and scheduler-tick) granularity of poll's.
       timespec ts{};
       timespec* timeout = nullptr;
-      if (next != timers_.end()) {
-        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(next->first - Clock::now());
+      Clock::time_point due = Clock::time_point::max();
+      if (next != timers_.end()) due = next->first;
+      if (fatal != fatals_.end()) due = std::min(due, fatal->first);
+      if (due != Clock::time_point::max()) {
+        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(due - Clock::now());
         int64_t n = std::max<int64_t>(0, ns.count());
         ts.tv_sec = static_cast<time_t>(n / 1000000000);
         ts.tv_nsec = static_cast<long>(n % 1000000000);
@@ -140,6 +160,7 @@ class Progress {
 
   std::mutex mu_;
   std::multimap<Clock::time_point, uint32_t> timers_;
+  std::multimap<Clock::time_point, std::pair<uint32_t, int>> fatals_;  // qpn, peer slot
   std::deque<uint32_t> flushes_;
   std::deque<int> dead_slots_;
   std::map<int, Peer> peers_;
@@ -171,19 +192,39 @@ void watch_peer_of(Qp* qp) {
   if (pid > 0) progress().watch(slot, pid);
 }
 
+namespace {
+
+// The peer's slot of a connected QP that is still live, or 0.
+int connected_slot(Qp* qp) {
+  if (qp->type == IBV_QPT_UD) return 0;
+  int st = qp->state.load();
+  if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return 0;
+  std::lock_guard<std::mutex> lock(qp->attr_mu);
+  return wire::slot_of_qpn(qp->attr.dest_qp_num);
+}
+
+}  // namespace
+
+void fail_if_still_connected(Qp* qp, int slot) {
+  if (connected_slot(qp) == slot) set_error(qp, IBV_EVENT_QP_FATAL);
+}
+
 void peer_died(int slot) {
-  // A connected QP whose peer process is gone will never hear from it again: it fails as
-  // a QP does on a fatal error (ERR, IBV_EVENT_QP_FATAL, outstanding work flushed).
+  // A connected QP whose peer process is gone will never hear from it again. A NIC would
+  // find out when its retries run out; we make it fail after that same time (timeout x
+  // (retry_cnt + 1)), so a program that finishes right after its peer did is not disturbed
+  // and a program waiting for a message that can never come does not hang: ERR,
+  // IBV_EVENT_QP_FATAL, outstanding work flushed.
   for_each_qp([slot](Qp* qp) {
-    if (qp->type == IBV_QPT_UD) return;
-    int st = qp->state.load();
-    if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return;
-    uint32_t dest;
+    if (connected_slot(qp) != slot) return;
+    uint8_t timeout, retry;
     {
       std::lock_guard<std::mutex> lock(qp->attr_mu);
-      dest = qp->attr.dest_qp_num;
+      timeout = qp->attr.timeout;
+      retry = qp->attr.retry_cnt;
     }
-    if (wire::slot_of_qpn(dest) == slot) set_error(qp, IBV_EVENT_QP_FATAL);
+    Clock::duration budget = ack_timeout(timeout) * (retry + 1);
+    progress().fail_at(qp->qpn(), slot, Clock::now() + budget);
   });
 }
 

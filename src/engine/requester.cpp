@@ -26,12 +26,6 @@ constexpr uint32_t kRnrDelayUs[32] = {
     480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240, 15360,
     20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
-// Local ACK timeout: 4.096 us * 2^timeout; 0 means "infinite" — we then retry every
-// 100 ms without ever giving up, which is what a peer that never answers looks like.
-Clock::duration ack_timeout(uint8_t timeout) {
-  if (timeout == 0) return std::chrono::milliseconds(100);
-  return std::chrono::nanoseconds(4096ull << std::min<uint8_t>(timeout, 31));
-}
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   switch (op) {
@@ -253,6 +247,13 @@ void check_drained(Qp* qp) {
 
 }  // namespace
 
+// Local ACK timeout: 4.096 us * 2^timeout; 0 means "infinite" — we then retry every
+// 100 ms without ever giving up, which is what a peer that never answers looks like.
+Clock::duration ack_timeout(uint8_t timeout) {
+  if (timeout == 0) return std::chrono::milliseconds(100);
+  return std::chrono::nanoseconds(4096ull << std::min<uint8_t>(timeout, 31));
+}
+
 void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len) {
   bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED);
   if (status == IBV_WC_SUCCESS && !signaled) return;
@@ -336,6 +337,7 @@ void start() {
   // thread, never on the caller's: the agent must not block on other processes.
   hooks.kick = [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); };
   hooks.open_window = &open_window;
+  hooks.defer_completions = &defer_completions;
   hooks.wake_fd = [](Qp* qp) {
     return qp->recv_cq->channel ? qp->recv_cq->channel->events.write_fd() : -1;
   };

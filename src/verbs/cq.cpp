@@ -213,7 +213,32 @@ bool cq_disarm_for(std::atomic<int>* arm, bool solicited) {
   return false;
 }
 
+namespace {
+struct DeferredCqe {
+  Cq* cq;
+  ibv_wc wc;
+  bool solicited;
+};
+thread_local std::vector<DeferredCqe>* t_deferred = nullptr;
+}  // namespace
+
+void defer_completions(bool on) {
+  static thread_local std::vector<DeferredCqe> held;
+  if (on) {
+    held.clear();
+    t_deferred = &held;
+    return;
+  }
+  t_deferred = nullptr;
+  for (const DeferredCqe& d : held) cq_push(d.cq, d.wc, d.solicited);
+  held.clear();
+}
+
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
+  if (t_deferred) {
+    t_deferred->push_back({cq, wc, solicited});
+    return true;
+  }
   bool fire = false, failed = false, first_failure = false;
   {
     std::lock_guard<std::mutex> lock(cq->produce_mu);

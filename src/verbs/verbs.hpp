@@ -52,6 +52,10 @@ int get_cq_event(CompChannel* ch, ibv_cq** cq, void** cq_context);
 void ack_cq_events(Cq* cq, unsigned int nevents);
 // Adds a completion; returns false if the CQ overran (the CQ and its QPs are then in error).
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited);
+// While on (per thread), completions are held back and added when it is turned off. The
+// agent answers a peer before the target's completions become visible: a target that exits
+// as soon as it sees a message must not take the requester's acknowledgement with it.
+void defer_completions(bool on);
 // Disarms `arm` if a completion (solicited or in error: `solicited` true) should fire it;
 // returns true exactly once per arming.
 bool cq_disarm_for(std::atomic<int>* arm, bool solicited);

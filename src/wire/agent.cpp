@@ -266,6 +266,15 @@ bool serve_one(const Server& srv, int fd) {
   }
   bool through_socket = m.copy_mode == kThroughSocket;
   std::vector<char> staging;  // through-socket mode: the payload, in our memory
+  QpRef target;
+  bool deferring = false;
+  struct Release {  // completions held back become visible on every way out
+    const Server& srv;
+    bool& on;
+    ~Release() {
+      if (on) srv.hooks.defer_completions(false);
+    }
+  } release{srv, deferring};
   if (through_socket && m.kind == kExecute && m.length <= kMaxMsgSize) {
     staging.resize(std::max(m.length, returned_length(m.opcode, m.length)));
     iovec all{staging.data(), staging.size()};
@@ -302,8 +311,13 @@ bool serve_one(const Server& srv, int fd) {
     req.local = local;
     req.nlocal = static_cast<int>(m.niov);
     req.pid = cred.pid;
-    if (QpRef qp = transport().find_local(req.dst_qpn)) {
-      Reply reply = srv.hooks.respond(req, qp.get());
+    target = transport().find_local(req.dst_qpn);
+    if (target) {
+      // The answer leaves before the target can see the completions (an ACK is sent by
+      // the NIC, not by the application): hold them until then.
+      srv.hooks.defer_completions(true);
+      deferring = true;
+      Reply reply = srv.hooks.respond(req, target.get());
       r.kind = reply.kind;
       r.status = reply.status;
       r.rnr_timer = reply.rnr_timer;

@@ -90,6 +90,8 @@ struct EngineHooks {
   void (*drain)(Qp* target) = nullptr;
   // The fd that wakes `target`'s receive CQ's completion channel, or -1 (no channel).
   int (*wake_fd)(Qp* target) = nullptr;
+  // Holds completions back while on (this thread), adds them when turned off.
+  void (*defer_completions)(bool on) = nullptr;
 };
 
 class Transport {
