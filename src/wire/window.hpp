@@ -44,11 +44,10 @@ struct WindowHeader {
   uint64_t mr_table_offset;    // in the owner's read-only published region
   uint32_t mr_table_cap;
   int32_t owner_pid;
-  // One cache line per writer, so a message moves as few lines between the CPUs as it can.
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
-  std::atomic<uint64_t> head;                   // target: messages consumed
-  alignas(64) std::atomic<uint64_t> rq_taken;   // requester: receives spoken for
-  std::atomic<uint64_t> tail;                   // requester: messages written
+  alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
+  alignas(64) std::atomic<uint64_t> tail;       // requester: messages written
+  alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
   // Followed by uint32_t rq_len[rq_cap]: byte capacity of receive #i (0: unusable), then
   // by WindowSlot slots[kWindowSlots] at slots_offset.
   uint32_t* rq_len() { return reinterpret_cast<uint32_t*>(this + 1); }
@@ -79,9 +78,8 @@ inline constexpr uint32_t kMrTableCap = 1u << 16;
 
 // What a CQ shares with requesters in other processes, in its owner's arena.
 struct CqShared {
-  // One line: a requester bumps the doorbell and then reads the arm word.
   std::atomic<int> arm;            // ArmWord; changed only by CAS
-  std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
+  alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
 };
 
 }  // namespace softverbs::wire
