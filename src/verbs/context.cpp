@@ -30,26 +30,18 @@ struct AckTarget {
 };
 
 AckTarget ack_target(ibv_async_event* ev) {
-  switch (ev->event_type) {
-    case IBV_EVENT_CQ_ERR: {
+  switch (event_element(ev->event_type)) {
+    case EventElement::Cq: {
       Cq* cq = Cq::from(ev->element.cq);
       return {&cq->ibv.mutex, &cq->ibv.cond, &cq->ibv.async_events_completed,
               &cq->async_events_reported};
     }
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+    case EventElement::Qp: {
       Qp* qp = Qp::from(ev->element.qp);
       return {&qp->ibv.qp_base.mutex, &qp->ibv.qp_base.cond, &qp->ibv.qp_base.events_completed,
               &qp->events_reported};
     }
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED: {
+    case EventElement::Srq: {
       Srq* srq = Srq::from(ev->element.srq);
       return {&srq->ibv.mutex, &srq->ibv.cond, &srq->ibv.events_completed,
               &srq->events_reported};
@@ -58,7 +50,54 @@ AckTarget ack_target(ibv_async_event* ev) {
       return {};
   }
 }
+
+const void* element_pointer(const ibv_async_event& ev, EventElement kind) {
+  switch (kind) {
+    case EventElement::Cq:
+      return ev.element.cq;
+    case EventElement::Qp:
+      return ev.element.qp;
+    case EventElement::Srq:
+      return ev.element.srq;
+    default:
+      return nullptr;
+  }
+}
 }  // namespace
+
+EventElement event_element(ibv_event_type type) {
+  switch (type) {
+    case IBV_EVENT_CQ_ERR:
+      return EventElement::Cq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return EventElement::Qp;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return EventElement::Srq;
+    default:
+      return EventElement::Port;
+  }
+}
+
+void drop_async_events_of(Context* ctx, EventElement kind, const void* element) {
+  ctx->async_queue.remove_if([kind, element](const ibv_async_event& e) {
+    return event_element(e.event_type) == kind && element_pointer(e, kind) == element;
+  });
+}
+
+void wait_acked(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
+                const uint32_t* reported) {
+  pthread_mutex_lock(mutex);
+  while (*completed != *reported) pthread_cond_wait(cond, mutex);
+  pthread_mutex_unlock(mutex);
+}
 
 Context* Context::from(ibv_context* c) {
   if (!c) return nullptr;

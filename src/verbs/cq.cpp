@@ -16,14 +16,6 @@ uint64_t ring_size_for(uint64_t cqe) {
   while (size < cqe + 1) size <<= 1;
   return size;
 }
-
-// Blocks until the application acked every event of an object that was handed out.
-void wait_acked(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
-                const uint32_t* reported) {
-  pthread_mutex_lock(mutex);
-  while (*completed != *reported) pthread_cond_wait(cond, mutex);
-  pthread_mutex_unlock(mutex);
-}
 }  // namespace
 
 Cq* Cq::from(ibv_cq* c) {
@@ -142,8 +134,7 @@ int destroy_cq(Cq* cq) {
   }
   // Events not yet handed out vanish; those handed out must be acked first.
   if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
-  cq->ctx->async_queue.remove_if(
-      [cq](const ibv_async_event& e) { return e.event_type == IBV_EVENT_CQ_ERR && e.element.cq == cq->cq(); });
+  drop_async_events_of(cq->ctx, EventElement::Cq, cq->cq());
   ibv_cq* c = cq->cq();
   wait_acked(&c->mutex, &c->cond, &c->comp_events_completed, &cq->comp_events_reported);
   wait_acked(&c->mutex, &c->cond, &c->async_events_completed, &cq->async_events_reported);

@@ -18,13 +18,6 @@ namespace {
 
 constexpr uint32_t kDefaultInline = 64;
 
-void wait_acked(Qp* qp) {
-  ibv_qp* q = qp->qp();
-  pthread_mutex_lock(&q->mutex);
-  while (q->events_completed != qp->events_reported) pthread_cond_wait(&q->cond, &q->mutex);
-  pthread_mutex_unlock(&q->mutex);
-}
-
 bool valid_mtu(int mtu) { return mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096; }
 
 // Checks attribute values (the mask rules are in qp_transitions.cpp).
@@ -361,22 +354,8 @@ int destroy_qp(Qp* qp) {
   engine::close_window(qp, false);
   wire::transport().unregister_qp(qp);  // no peer or timer can reach it any more
   ibv_qp* q = qp->qp();
-  qp->ctx->async_queue.remove_if([q](const ibv_async_event& e) {
-    switch (e.event_type) {
-      case IBV_EVENT_QP_FATAL:
-      case IBV_EVENT_QP_REQ_ERR:
-      case IBV_EVENT_QP_ACCESS_ERR:
-      case IBV_EVENT_COMM_EST:
-      case IBV_EVENT_SQ_DRAINED:
-      case IBV_EVENT_PATH_MIG:
-      case IBV_EVENT_PATH_MIG_ERR:
-      case IBV_EVENT_QP_LAST_WQE_REACHED:
-        return e.element.qp == q;
-      default:
-        return false;
-    }
-  });
-  wait_acked(qp);
+  drop_async_events_of(qp->ctx, EventElement::Qp, q);
+  wait_acked(&q->mutex, &q->cond, &q->events_completed, &qp->events_reported);
   qp->pd->users--;
   qp->send_cq->users--;
   qp->recv_cq->users--;
@@ -514,14 +493,8 @@ int query_srq(Srq* srq, ibv_srq_attr* attr) {
 
 int destroy_srq(Srq* srq) {
   if (srq->users.load() != 0) return EBUSY;
-  srq->ctx->async_queue.remove_if([srq](const ibv_async_event& e) {
-    return (e.event_type == IBV_EVENT_SRQ_ERR || e.event_type == IBV_EVENT_SRQ_LIMIT_REACHED) &&
-           e.element.srq == &srq->ibv;
-  });
-  pthread_mutex_lock(&srq->ibv.mutex);
-  while (srq->ibv.events_completed != srq->events_reported)
-    pthread_cond_wait(&srq->ibv.cond, &srq->ibv.mutex);
-  pthread_mutex_unlock(&srq->ibv.mutex);
+  drop_async_events_of(srq->ctx, EventElement::Srq, &srq->ibv);
+  wait_acked(&srq->ibv.mutex, &srq->ibv.cond, &srq->ibv.events_completed, &srq->events_reported);
   {
     std::lock_guard<std::mutex> lock(srq->ctx->objects_mu);
     srq->ctx->srqs.erase(srq);

@@ -23,6 +23,15 @@ void raise_qp_event(Qp* qp, ibv_event_type type);
 void raise_cq_event(Cq* cq, ibv_event_type type);
 void raise_srq_event(Srq* srq, ibv_event_type type);
 void raise_port_event(ibv_event_type type);  // to every open context
+// What an async event's element names (ibv_get_async_event(3)).
+enum class EventElement { Cq, Qp, Srq, Port };
+EventElement event_element(ibv_event_type type);
+// Destroying an object: its async events not yet handed out vanish, then we wait until
+// every one handed out was acked.
+void drop_async_events_of(Context* ctx, EventElement kind, const void* element);
+// Blocks until `*completed` (acks) reaches `*reported` (events handed out).
+void wait_acked(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* completed,
+                const uint32_t* reported);
 // The device failed: DEVICE_FATAL on every open context, and every QP to the error state.
 void raise_device_fatal();
 // Calls fn for every QP of every open context (under their locks; fn must not create or

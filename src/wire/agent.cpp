@@ -525,16 +525,22 @@ Reply agent_call(int slot, const Request& req) {
   return out;
 }
 
-void agent_kick(int slot, uint32_t qpn) {
+// Sends a message that gets no answer; a full or broken connection drops it (the peer's
+// state, not ours, decides what happens next).
+static void send_oneway(int slot, const WireRequest& m) {
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
   if (!ensure_connected(*c, slot)) return;
+  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
+    drop(*c);
+}
+
+void agent_kick(int slot, uint32_t qpn) {
   WireRequest m{};
   m.magic = kMagic;
   m.kind = kKick;
   m.dst_qpn = qpn;
-  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
-    drop(*c);
+  send_oneway(slot, m);
 }
 
 uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena,
@@ -577,15 +583,11 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
 }
 
 void agent_drain(int slot, uint32_t dst_qpn) {
-  std::shared_ptr<Connection> c = connection(slot);
-  std::lock_guard<std::mutex> lock(c->mu);
-  if (!ensure_connected(*c, slot)) return;
   WireRequest m{};
   m.magic = kMagic;
   m.kind = kDrain;
   m.dst_qpn = dst_qpn;
-  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
-    drop(*c);
+  send_oneway(slot, m);
 }
 
 }  // namespace softverbs::wire
