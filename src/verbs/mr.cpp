@@ -70,25 +70,21 @@ uint64_t MrTable::shared_offset() {
     shared_offset_ = off;
     shared_ = arena->published_at<wire::MrShared>(off);
     for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i)
-      if (Mr* mr = slots_[i]) {
-        wire::MrShared& e = shared_[i];
-        e.access = mr->access;
-        e.pd_token = reinterpret_cast<uint64_t>(mr->pd);
-        e.iova = mr->iova;
-        e.length = mr->length;
-        e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr);
-        e.key.store(mr->ibv.lkey, std::memory_order_release);
-      }
+      if (Mr* mr = slots_[i]) write_shared_entry(mr);
   }
   return shared_offset_;
 }
 
 void MrTable::publish(const Mr* mr) {
   std::unique_lock lock(mu_);
+  if (shared_) write_shared_entry(mr);
+}
+
+void MrTable::write_shared_entry(const Mr* mr) {
   uint32_t index = mr->ibv.lkey >> 8;
-  if (!shared_ || index >= wire::kMrTableCap) return;
+  if (index >= wire::kMrTableCap) return;
   wire::MrShared& e = shared_[index];
-  e.key.store(0, std::memory_order_release);
+  e.key.store(0, std::memory_order_release);  // readers re-check the key after reading
   e.access = mr->access;
   e.pd_token = reinterpret_cast<uint64_t>(mr->pd);
   e.iova = mr->iova;

@@ -105,6 +105,7 @@ class MrTable {
   uint64_t shared_offset();
 
  private:
+  void write_shared_entry(const Mr* mr);  // caller holds mu_ and shared_ is set
   wire::MrShared* shared_ = nullptr;
   uint64_t shared_offset_ = 0;
   mutable std::shared_mutex mu_;
