@@ -28,6 +28,7 @@ void kill_window_locked(Qp* t) {
   if (!hdr) return;
   hdr->live.store(0, std::memory_order_release);
   t->window.store(nullptr, std::memory_order_relaxed);
+  t->window_slots.store(nullptr, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -60,7 +61,9 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
       return reinterpret_cast<char*>(w) - arena->base();
   }
   uint64_t mr_table = MrTable::instance().shared_offset();  // before locking the keys
-  uint32_t rq_cap = round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
+  // Twice the queue depth: the entry we write for a new receive is then half a ring away
+  // from the one the requester reads next, not on the same cache line.
+  uint32_t rq_cap = 2 * round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
   uint64_t bytes = wire::window_bytes(rq_cap);
   uint64_t off = arena->allocate(bytes);
   if (!off) return 0;
@@ -107,8 +110,9 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->rq_posted.store(i, std::memory_order_relaxed);
   hdr->rq_taken.store(0, std::memory_order_relaxed);
   hdr->head.store(0, std::memory_order_relaxed);
-  hdr->tail.store(0, std::memory_order_relaxed);
+  for (uint32_t k = 0; k < wire::kWindowSlots; ++k) hdr->slots()[k].seq.store(0, std::memory_order_relaxed);
   hdr->live.store(1, std::memory_order_release);
+  t->window_slots.store(hdr->slots(), std::memory_order_release);
   t->window.store(hdr, std::memory_order_release);
   {
     std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
@@ -130,14 +134,10 @@ void drain_window_locked(Qp* t) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   Qp::InboundWindow& in = t->inbound;
-  uint64_t head = in.head;
-  uint64_t tail = hdr->tail.load(std::memory_order_acquire);
-  if (tail - head > wire::kWindowSlots) {  // the peer wrote garbage: stop using the window
-    kill_window_locked(t);
-    return;
-  }
-  for (; head != tail; ++head) {
+  // Message #head is there once its slot's seq says head + 1: stop at the first that is not.
+  for (uint64_t head = in.head;; ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
+    if (slot.seq.load(std::memory_order_acquire) != head + 1) break;
     // Read each field once: the peer's memory may change under us.
     uint32_t opcode = slot.opcode, flags = slot.flags, imm = slot.imm, len = slot.length;
     if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || len > wire::kWindowPayload ||
@@ -199,10 +199,14 @@ void drain_inbound(Cq* cq) {
   {
     std::lock_guard<std::mutex> lock(cq->inbound_mu);
     for (Qp* qp : cq->inbound) {
+      // A hint (drained under the QP's lock): is the next message's slot still empty?
       wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
-      if (hdr && hdr->head.load(std::memory_order_relaxed) ==
-                     hdr->tail.load(std::memory_order_acquire))  // a hint; drained under the lock
-        continue;
+      const wire::WindowSlot* slots = qp->window_slots.load(std::memory_order_acquire);
+      if (hdr && slots) {
+        uint64_t head = hdr->head.load(std::memory_order_relaxed);
+        if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) != head + 1)
+          continue;
+      }
       if (n == kBatch) {
         more = true;
         break;

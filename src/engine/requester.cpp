@@ -104,12 +104,21 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   if (!pw) return std::nullopt;
   wire::WindowHeader* hdr = pw->hdr;
   uint32_t len = static_cast<uint32_t>(w.total_length);
-  uint64_t posted = hdr->rq_posted.load(std::memory_order_acquire);
-  uint64_t taken = hdr->rq_taken.load(std::memory_order_relaxed);
-  if (posted == taken) return std::nullopt;  // no receive posted: RNR, via the agent
+  if (pw->resync) {
+    pw->taken = hdr->rq_taken.load(std::memory_order_acquire);
+    pw->resync = false;
+  }
+  uint64_t taken = pw->taken;
+  if (pw->posted == taken) {
+    pw->posted = hdr->rq_posted.load(std::memory_order_acquire);
+    if (pw->posted == taken) return std::nullopt;  // no receive posted: RNR, via the agent
+  }
   if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return std::nullopt;
-  uint64_t tail = hdr->tail.load(std::memory_order_relaxed);
-  if (tail - hdr->head.load(std::memory_order_acquire) >= wire::kWindowSlots) return std::nullopt;
+  uint64_t tail = pw->tail;
+  if (tail - pw->head >= wire::kWindowSlots) {
+    pw->head = hdr->head.load(std::memory_order_acquire);
+    if (tail - pw->head >= wire::kWindowSlots) return std::nullopt;
+  }
   wire::WindowSlot& s = pw->slots[tail % wire::kWindowSlots];
   s.opcode = w.opcode;
   s.flags = w.flags;
@@ -117,8 +126,10 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   s.length = len;
   iovec dst{s.data, len};
   wire::copy_local(&dst, 1, local, nlocal, len);
+  s.seq.store(tail + 1, std::memory_order_release);
+  pw->tail = tail + 1;
+  pw->taken = taken + 1;
   hdr->rq_taken.store(taken + 1, std::memory_order_relaxed);
-  hdr->tail.store(tail + 1, std::memory_order_release);
   // The target turns ring messages into completions when it polls. If its CQ is armed it
   // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
   // completion is added (and the event fires) exactly as for a local arrival.
@@ -213,15 +224,11 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     req.sgid = w.sgid;
     req.dgid = w.dgid;
     // A remote_qkey with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
-    std::lock_guard<std::mutex> lock(qp->attr_mu);
-    req.qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
+    req.qkey = (w.remote_qkey & 0x80000000u) ? qp->send_path.qkey : w.remote_qkey;
   } else {
-    {
-      std::lock_guard<std::mutex> lock(qp->attr_mu);
-      dgid = qp->attr.ah_attr.grh.dgid;
-      req.dst_qpn = qp->attr.dest_qp_num;
-    }
-    if (Device::instance().port_active() && Device::instance().is_local_gid(dgid)) {
+    dgid = qp->send_path.dgid;
+    req.dst_qpn = qp->send_path.dest_qpn;
+    if (qp->send_path.dgid_local && Device::instance().port_active()) {
       if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
           w.total_length <= wire::kWindowPayload) {
         if (auto o = send_through_window(qp, w, local, nlocal, req.dst_qpn)) return *o;
@@ -233,6 +240,8 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   // A port that is down sends nothing: to the requester that looks like silence.
   Outcome o = Device::instance().port_active() ? wire::transport().deliver(dgid, req)
                                                 : Outcome{Outcome::NoResponse};
+  // Through the agent, the message may have used a receive the window counts.
+  qp->peer_window.resync = true;
   // Only RC waits for an answer; for UC and UD an undelivered message is simply lost.
   if (o.kind == Outcome::NoResponse && qp->type != IBV_QPT_RC) o = {Outcome::Ack};
   return o;
@@ -279,20 +288,15 @@ void run_send_queue(Qp* qp) {
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
     if (w.started && Clock::now() < qp->retry_at) break;  // a timer will kick us
     if (!w.started) {
-      std::lock_guard<std::mutex> lock(qp->attr_mu);
-      w.rnr_left = qp->attr.rnr_retry;
-      w.retry_left = qp->attr.retry_cnt;
+      w.rnr_left = qp->send_path.rnr_retry;
+      w.retry_left = qp->send_path.retry_cnt;
     }
     w.started = true;
     Outcome o = execute(qp, w);
     if (o.kind == Outcome::RnrNak || o.kind == Outcome::NoResponse) {
       bool rnr = o.kind == Outcome::RnrNak;
       int& left = rnr ? w.rnr_left : w.retry_left;
-      uint8_t timeout;
-      {
-        std::lock_guard<std::mutex> lock(qp->attr_mu);
-        timeout = qp->attr.timeout;
-      }
+      uint8_t timeout = qp->send_path.timeout;
       bool infinite = rnr ? left == 7 : timeout == 0;
       if (!infinite && left == 0) {
         o = {Outcome::Error,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "verbs/event_queue.hpp"
+#include "verbs/small_vec.hpp"
 #include "wire/window.hpp"
 
 namespace softverbs {
@@ -131,9 +132,12 @@ struct Sge {
   uint32_t lkey;
 };
 
+// Most work requests carry one or two SGEs and a few inline bytes: those stay in place.
+using SgeList = SmallVec<Sge, 2>;
+
 struct RecvWqe {
   uint64_t wr_id;
-  std::vector<Sge> sges;
+  SgeList sges;
 };
 
 struct SendWqe {
@@ -141,8 +145,8 @@ struct SendWqe {
   ibv_wr_opcode opcode = IBV_WR_SEND;
   unsigned flags = 0;
   uint32_t imm = 0;  // network order, as posted
-  std::vector<Sge> sges;
-  std::vector<uint8_t> inline_data;  // IBV_SEND_INLINE: copied at post time
+  SgeList sges;
+  SmallVec<uint8_t, 64> inline_data;  // IBV_SEND_INLINE: copied at post time
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;
@@ -205,6 +209,17 @@ struct Qp {
   bool sq_drain_notify = false;  // SQD entered with en_sqd_async_notify
   Clock::time_point retry_at{};  // head WQE waits until then (RNR / no response)
   bool retry_scheduled = false;
+  // What the requester reads of `attr` for every WQE, copied under sq_mu (then attr_mu)
+  // whenever ibv_modify_qp changes it, so posting takes no attr_mu.
+  struct SendPath {
+    uint32_t dest_qpn = 0;
+    ibv_gid dgid{};
+    bool dgid_local = false;  // dgid is one of our GIDs: a peer on this host
+    uint32_t qkey = 0;
+    uint8_t timeout = 0;
+    uint8_t retry_cnt = 0;
+    uint8_t rnr_retry = 0;
+  } send_path;
 
   std::mutex rq_mu;
   std::deque<RecvWqe> rq;
@@ -218,6 +233,8 @@ struct Qp {
   // Target side: the receive window a remote requester writes into (under rq_mu). The
   // peer can write anywhere in it, so what we index with is kept here, not read back.
   std::atomic<wire::WindowHeader*> window{nullptr};
+  // Its slots, for a CQ's look at whether anything is waiting without taking rq_mu.
+  std::atomic<const wire::WindowSlot*> window_slots{nullptr};
   struct InboundWindow {
     wire::WindowSlot* slots = nullptr;
     uint32_t* rq_len = nullptr;
@@ -241,6 +258,13 @@ struct Qp {
     uint32_t backoff = 0;  // operations to skip before asking for a window again
     bool cross_memory = true;  // false once the kernel refused cross-memory attach
     int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
+    // Our own counts. The target's are read only when ours say the ring or its receive
+    // queue is full, and rq_taken again after a message went through its agent.
+    uint64_t tail = 0;    // messages written
+    uint64_t taken = 0;   // receives spoken for
+    uint64_t posted = 0;  // receives the target had published when last read
+    uint64_t head = 0;    // messages the target had consumed when last read
+    bool resync = true;   // read rq_taken before the next message
   } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }

@@ -74,6 +74,20 @@ void apply_attrs(Qp* qp, const ibv_qp_attr* a, int mask) {
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a->en_sqd_async_notify;
 }
 
+void refresh_send_path(Qp* qp) {
+  std::lock_guard<std::mutex> sq(qp->sq_mu);
+  std::lock_guard<std::mutex> attrs(qp->attr_mu);
+  Qp::SendPath& p = qp->send_path;
+  const ibv_qp_attr& a = qp->attr;
+  p.dest_qpn = a.dest_qp_num;
+  p.dgid = a.ah_attr.grh.dgid;
+  p.dgid_local = Device::instance().is_local_gid(p.dgid);
+  p.qkey = a.qkey;
+  p.timeout = a.timeout;
+  p.retry_cnt = a.retry_cnt;
+  p.rnr_retry = a.rnr_retry;
+}
+
 // RESET discards every WQE without a completion and forgets the connection.
 void reset_queues(Qp* qp) {
   {
@@ -136,7 +150,6 @@ int build_send_wqe(Qp* qp, const ibv_send_wr* wr, SendWqe* w) {
       if (s.length) std::memcpy(w->inline_data.data() + off, reinterpret_cast<void*>(s.addr), s.length);
       off += s.length;
     }
-    if (total == 0) w->inline_data.clear();
   } else {
     w->sges.reserve(wr->num_sge);
     for (int i = 0; i < wr->num_sge; ++i)
@@ -284,6 +297,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   if (int err = check_modify_mask(qp->type, cur, next, mask)) return err;
   if (int err = check_values(qp, attr, mask)) return err;
   apply_attrs(qp, attr, mask);
+  refresh_send_path(qp);
   if (mask & IBV_QP_ACCESS_FLAGS) {
     // A peer writing or reading straight into our memory checks these too.
     std::lock_guard<std::mutex> lock(qp->rq_mu);
@@ -296,6 +310,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
     engine::close_window(qp, false);  // RESET discards, ring included
     qp->state.store(IBV_QPS_RESET);
     reset_queues(qp);
+    refresh_send_path(qp);
     cq_purge_qp(qp->send_cq, qp->qpn());
     if (qp->recv_cq != qp->send_cq) cq_purge_qp(qp->recv_cq, qp->qpn());
   } else if (next == IBV_QPS_ERR) {
@@ -396,39 +411,43 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EINVAL;
   }
   // Validate and translate before taking the queue lock (keys before queues): a remote
-  // requester reads each receive's capacity from the receive window.
+  // requester reads each receive's capacity from the receive window. A chain is taken in
+  // batches held on the stack.
+  constexpr int kBatch = 8;
   int err = 0;
-  std::vector<std::pair<RecvWqe, uint32_t>> batch;
   ibv_recv_wr* first_bad = nullptr;
-  for (ibv_recv_wr* w = wr; w; w = w->next) {
-    if ((err = check_recv_wr(w, qp->cap.max_recv_sge))) {
-      first_bad = w;
-      break;
-    }
-    RecvWqe r = make_recv_wqe(w);
-    uint32_t cap = qp->type == IBV_QPT_UD ? 0 : engine::receive_capacity(qp, r);
-    batch.emplace_back(std::move(r), cap);
-  }
   std::set<uint32_t> waiters;
-  {
+  for (ibv_recv_wr* w = wr; w && !err;) {
+    RecvWqe batch[kBatch];
+    uint32_t caps[kBatch];
+    ibv_recv_wr* wrs[kBatch];
+    int n = 0;
+    for (; w && n < kBatch; w = w->next, ++n) {
+      if ((err = check_recv_wr(w, qp->cap.max_recv_sge))) {
+        first_bad = w;
+        break;
+      }
+      batch[n] = make_recv_wqe(w);
+      caps[n] = qp->type == IBV_QPT_UD ? 0 : engine::receive_capacity(qp, batch[n]);
+      wrs[n] = w;
+    }
     std::lock_guard<std::mutex> lock(qp->rq_mu);
-    ibv_recv_wr* w = wr;
-    for (auto& [r, cap] : batch) {
+    for (int i = 0; i < n; ++i) {
       if (qp->state.load() == IBV_QPS_RESET) {
         err = EINVAL;
-        first_bad = w;
+        first_bad = wrs[i];
         break;
       }
       if (qp->rq.size() >= qp->cap.max_recv_wr) {
         err = ENOMEM;
-        first_bad = w;
+        first_bad = wrs[i];
         break;
       }
-      qp->rq.push_back(std::move(r));
-      engine::publish_receive_locked(qp, cap);
-      w = w->next;
+      qp->rq.push_back(std::move(batch[i]));
+      engine::publish_receive_locked(qp, caps[i]);
     }
-    waiters.swap(qp->rnr_waiters);
+    waiters.merge(qp->rnr_waiters);
+    qp->rnr_waiters.clear();
   }
   if (err && bad) *bad = first_bad;
   if (qp->state.load() == IBV_QPS_ERR) engine::flush(qp);

@@ -5,8 +5,14 @@
 // message into a ring slot, and fires the target's CQ event only if that CQ is armed. The
 // target's ibv_poll_cq drains the ring into its posted buffers and writes the completions.
 //
-// One requester (the connected peer QP) writes tail, slots and rq_taken; the target writes
-// head and rq_posted. Both sides treat what the other wrote as untrusted.
+// One requester (the connected peer QP) writes the slots and rq_taken; the target writes
+// head and rq_posted (and rq_taken, for a receive a message through its agent used). Both
+// sides treat what the other wrote as untrusted.
+//
+// Message #n (from 0) goes to slot n % kWindowSlots, whose `seq` is written last, as n + 1:
+// the target polls that one word, and a small message shares its cache line, so a message
+// costs the target one doorbell line and one slot line. The requester keeps its own copies
+// of the counters and reads the target's only when they say the ring or the queue is full.
 #pragma once
 
 #include <atomic>
@@ -18,13 +24,14 @@ inline constexpr uint32_t kWindowMagic = 0x5356574e;  // "SVWN"
 inline constexpr uint32_t kWindowSlots = 32;
 inline constexpr uint32_t kWindowPayload = 4096;
 
-struct WindowSlot {
+struct alignas(64) WindowSlot {
+  std::atomic<uint64_t> seq;  // message number + 1, stored (release) after the rest
   uint32_t opcode;  // IBV_WR_SEND or IBV_WR_SEND_WITH_IMM
   uint32_t flags;   // send flags (IBV_SEND_SOLICITED matters)
   uint32_t imm;     // network order
   uint32_t length;
-  uint8_t pad[48];
-  uint8_t data[kWindowPayload];
+  uint64_t reserved;
+  uint8_t data[kWindowPayload];  // the first 32 bytes share the line with seq
 };
 
 struct WindowHeader {
@@ -46,7 +53,6 @@ struct WindowHeader {
   int32_t owner_pid;
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
-  alignas(64) std::atomic<uint64_t> tail;       // requester: messages written
   alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
   // Followed by uint32_t rq_len[rq_cap]: byte capacity of receive #i (0: unusable), then
   // by WindowSlot slots[kWindowSlots] at slots_offset.
