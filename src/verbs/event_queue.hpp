@@ -4,6 +4,8 @@
 // The fd is one end of an AF_UNIX datagram socketpair; we keep at most one datagram queued
 // as the "non-empty" level. All changes happen under one mutex, so the fd's readability
 // always matches the FIFO. poll/epoll/O_NONBLOCK on the fd behave as on a kernel channel.
+// Syscalls only where the level changes: a waiter that turns a peer's wake-up into an
+// event and takes it at once never raises the level at all.
 #pragma once
 
 #include <fcntl.h>
@@ -45,7 +47,7 @@ class EventQueue {
   void push(const T& item) {
     std::lock_guard<std::mutex> lock(mu_);
     items_.push_back(item);
-    if (items_.size() == 1) raise_level();
+    if (quiet_ == 0) raise_level();
   }
 
   // Pops the oldest event. `deliver(item)` runs under the queue lock, so an event is
@@ -54,12 +56,7 @@ class EventQueue {
   template <typename F>
   bool try_pop(T* out, F&& deliver) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (items_.empty()) return false;
-    *out = items_.front();
-    items_.pop_front();
-    if (items_.empty()) lower_level();
-    deliver(*out);
-    return true;
+    return pop_locked(out, deliver);
   }
 
   // Blocks unless the application set O_NONBLOCK on the fd. Returns 0, or -1 with errno.
@@ -76,10 +73,17 @@ class EventQueue {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (items_.empty()) lower_level();
+        if (items_.empty()) drain_level();  // peers' wake-ups too: refill() acts on them
+        ++quiet_;  // what refill() pushes is taken below: no need to raise the level for it
       }
       refill();
-      if (try_pop(out, deliver)) return 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --quiet_;
+        bool got = pop_locked(out, deliver);
+        if (!items_.empty()) raise_level();  // events left (ours or other threads')
+        if (got) return 0;
+      }
       int flags = fcntl(read_fd_, F_GETFL);
       if (flags < 0) return -1;
       if (flags & O_NONBLOCK) {
@@ -108,18 +112,49 @@ class EventQueue {
   }
 
  private:
-  void raise_level() {
-    char one = 1;
-    (void)!::send(write_fd_, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  template <typename F>
+  bool pop_locked(T* out, F&& deliver) {
+    if (items_.empty()) return false;
+    *out = items_.front();
+    items_.pop_front();
+    if (items_.empty()) lower_level();
+    deliver(*out);
+    return true;
   }
+  // Our own datagram is queued while raised_; peers may add theirs (wake-ups) at any time.
+  void raise_level() {
+    if (raised_) return;
+    char one = 1;
+    raised_ = ::send(write_fd_, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1;
+  }
+  // Takes our datagram back. Any one will do: what counts is how many are queued, and the
+  // peers' stay until a waiter drains them and turns them into events.
   void lower_level() {
+    if (!raised_) return;
     char buf;
-    while (::recv(read_fd_, &buf, 1, MSG_DONTWAIT) == 1) {
+    (void)!::recv(read_fd_, &buf, 1, MSG_DONTWAIT);
+    raised_ = false;
+  }
+  // Takes every queued datagram, ours and peers', in as few calls as possible.
+  void drain_level() {
+    constexpr int kBatch = 16;
+    char bufs[kBatch];
+    iovec iov[kBatch];
+    mmsghdr msgs[kBatch] = {};
+    for (int i = 0; i < kBatch; ++i) {
+      iov[i] = {&bufs[i], 1};
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
     }
+    while (::recvmmsg(read_fd_, msgs, kBatch, MSG_DONTWAIT, nullptr) == kBatch) {
+    }
+    raised_ = false;
   }
 
   std::mutex mu_;
   std::deque<T> items_;
+  bool raised_ = false;  // under mu_
+  int quiet_ = 0;        // under mu_: waiters refilling (they settle the level afterwards)
   int read_fd_ = -1;
   int write_fd_ = -1;
 };
