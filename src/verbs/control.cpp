@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/state_dir.hpp"
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
@@ -68,10 +69,7 @@ void watch(int fd) {
 
 }  // namespace
 
-std::string state_dir() {
-  if (const char* dir = getenv("SOFTVERBS_STATE_DIR"); dir && *dir) return dir;
-  return "/dev/shm/softverbs-" + std::to_string(getuid());
-}
+std::string state_dir() { return softverbs::state_dir(); }
 
 void start_watcher() {
   {

@@ -1,0 +1,140 @@
+// rdma_cm over softverbs: event channels, ids and the per-process connection service.
+// How it works and why is in docs/decisions/0004-rdma-cm.md. In short: every bound id holds
+// an abstract AF_UNIX SOCK_SEQPACKET socket named after (state dir, port space, port), so
+// port numbers are host-wide and need no daemon; a connect is a connect(2) to the
+// listener's name, and the CM messages (cm/protocol.hpp) travel on that socket pair. One
+// service thread per process sleeps in poll(2) on all of them and turns messages into
+// rdma_cm events. Everything here is under one mutex (cm::g_mu): connection setup is not a
+// fast path, and one lock keeps ids, sockets and events consistent.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "cm/protocol.hpp"
+#include "verbs/event_queue.hpp"
+
+namespace softverbs::cm {
+
+inline constexpr uint32_t kChannelMagic = 0x53564543;  // "SVEC"
+inline constexpr uint32_t kIdMagic = 0x53564944;       // "SVID"
+inline constexpr uint32_t kEventMagic = 0x53564556;    // "SVEV"
+inline constexpr uint32_t kDeadMagic = 0xdeadc0de;
+
+struct Id;
+
+// One event as handed to the application; its private data lives with it until acked.
+struct Event {
+  rdma_cm_event ev;  // first: the application's pointer is &ev
+  uint32_t magic;
+  Id* owner;         // the id whose ack count this event holds
+  uint8_t private_data[kMaxPrivate];
+};
+
+struct Channel {
+  rdma_event_channel ch;  // first: applications see {fd}
+  uint32_t magic = kChannelMagic;
+  EventQueue<Event*> events;
+  static Channel* from(rdma_event_channel* c);
+};
+
+enum class IdState {
+  Idle,
+  Bound,          // has a port (bind_addr, or implicitly by resolve_addr)
+  AddrResolved,
+  RouteResolved,
+  Listening,
+  Connecting,     // REQ (or SIDR REQ) sent
+  RepReceived,    // QP-less active side: CONNECT_RESPONSE given, waiting for rdma_establish
+  ReqReceived,    // passive side: CONNECT_REQUEST given, waiting for accept/reject
+  Accepting,      // REP sent, waiting for RTU
+  Connected,
+  Disconnecting,  // DREQ sent, waiting for DREP
+  Disconnected,
+  Failed,
+};
+
+struct Id {
+  rdma_cm_id id{};  // first: applications see this
+  uint32_t magic = kIdMagic;
+  // Everything below is under g_mu.
+  Channel* channel = nullptr;
+  bool sync = false;          // created without a channel: owns `channel`, calls block
+  IdState state = IdState::Idle;
+  int sock = -1;              // bound name, listening socket, or one end of a connection
+  bool watched = false;       // the service polls `sock`
+  uint16_t port = 0;          // host order, once bound
+  Id* listener = nullptr;     // passive ids: the listener whose request made them
+  int sgid_index = 0;
+  ibv_gid sgid{};
+  uint32_t psn = 0;           // our starting send PSN
+  uint32_t local_qpn = 0;     // QP-less ids: the QPN the application named
+  uint8_t responder_resources = 0, initiator_depth = 0;
+  uint8_t retry_count = 7, rnr_retry_count = 7;
+  uint8_t tos = 0, ack_timeout = 14;
+  bool disconnect_reported = false;
+  // What the peer told us (REQ / REP / SIDR REP).
+  bool have_remote = false;
+  uint32_t remote_qpn = 0, remote_psn = 0, remote_qkey = 0;
+  ibv_gid remote_gid{};
+  uint8_t remote_responder_resources = 0, remote_initiator_depth = 0;
+  uint8_t remote_retry_count = 7, remote_rnr_retry_count = 7;
+  ibv_ece local_ece{}, remote_ece{};
+  // CQs and channels rdma_create_qp made (destroyed with the QP).
+  bool own_cqs = false;
+  // rdma_create_ep on a passive id: what rdma_get_request gives each new id.
+  bool has_ep_attr = false;
+  ibv_qp_init_attr ep_attr{};
+  ibv_pd* ep_pd = nullptr;
+  ibv_sa_path_rec path{};     // route.path_rec points here once the route is resolved
+  // Events handed out and not acked yet (destroy waits for 0). Atomic: counted under the
+  // channel's queue lock, which is taken after g_mu, never before.
+  std::atomic<int> unacked{0};
+  static Id* from(rdma_cm_id* i);
+};
+
+extern std::mutex g_mu;
+
+// ---- device (cm/device.cpp)
+// The process-wide soft device context (what id->verbs always points to), or nullptr.
+ibv_context* device_context();
+ibv_pd* device_pd();
+const ibv_device_attr& device_attr();
+enum ibv_mtu device_mtu();
+// The GID index of a local address (any port), -1 if the address is not ours; a wildcard
+// address gives -2.
+int gid_index_of(const sockaddr* addr);
+bool gid_at(int index, ibv_gid* out);
+uint16_t port_of(const sockaddr* addr);  // host order
+void set_port(sockaddr_storage* addr, uint16_t port);
+socklen_t addr_len(const sockaddr* addr);
+
+// ---- ids, sockets and the service (cm/service.cpp)
+Id* new_id(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_type);
+// Binds id (under g_mu) to `addr` (port 0: any free one). Returns 0 or an errno value.
+int bind_locked(Id* id, const sockaddr* addr);
+int listen_locked(Id* id, int backlog);
+int connect_locked(Id* id, const rdma_conn_param* param);
+int accept_locked(Id* id, const rdma_conn_param* param);
+int reject_locked(Id* id, const void* data, uint8_t len, int reason);
+int establish_locked(Id* id);
+int disconnect_locked(Id* id);
+// Moves the QP through INIT (and RTR/RTS for UD) as rdma_create_qp does.
+int init_qp_locked(Id* id, ibv_qp* qp);
+int qp_attr_locked(Id* id, ibv_qp_attr* attr, int* mask);
+void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m = nullptr);
+// Stops watching and closes the id's socket; queued events of the id are dropped.
+void detach_locked(Id* id);
+// Blocks until every event handed out for id is acked (without g_mu).
+void wait_acked(Id* id);
+// Synchronous ids: waits for the id's next event, keeps it in id->event (acking the one
+// kept before). Returns 0, or -1 with errno from the event's status.
+int complete_sync(Id* id, rdma_cm_event_type expected);
+Channel* new_channel();
+void free_channel(Channel* ch);
+
+}  // namespace softverbs::cm

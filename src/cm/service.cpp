@@ -1,0 +1,791 @@
+// Ids, their sockets, the connection handshake and the service thread that turns the
+// peer's messages into events (see cm.hpp and docs/decisions/0004-rdma-cm.md).
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "cm/cm.hpp"
+#include "common/state_dir.hpp"
+
+namespace softverbs::cm {
+
+std::mutex g_mu;
+
+namespace {
+
+// An accepted connection whose first message (the request) has not come yet.
+struct Pending {
+  int fd;
+  Id* listener;
+};
+
+struct Service {
+  pid_t owner = 0;  // the process the thread runs in (a forked child starts its own)
+  int wake = -1;    // eventfd: the set of sockets changed
+  std::vector<Id*> watched;
+  std::vector<Pending> pending;
+  std::set<Id*> ids;  // every live id, for listeners going away before their children
+};
+Service g_svc;
+
+constexpr size_t kMaxPendingPerListener = 1024;
+
+uint32_t random24() {
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) v = static_cast<uint32_t>(getpid()) * 2654435761u;
+  return v & 0xffffff;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The abstract socket name of (port space, port) on this host: ports are host-wide, as a
+// kernel's rdma_cm port space is, and a state directory (a test's own) is a host of its own.
+socklen_t name_for(int ps, uint16_t port, sockaddr_un* un) {
+  static const uint64_t host = fnv1a(state_dir());
+  std::memset(un, 0, sizeof(*un));
+  un->sun_family = AF_UNIX;
+  int n = std::snprintf(un->sun_path + 1, sizeof(un->sun_path) - 1, "softverbs-cm-%016llx-%x-%u",
+                        static_cast<unsigned long long>(host), ps, port);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+void wake_service() {
+  uint64_t one = 1;
+  (void)!write(g_svc.wake, &one, sizeof(one));
+}
+
+void run_service();
+
+void start_service_locked() {
+  if (g_svc.owner == getpid()) return;
+  // After fork the parent's thread is not here: start over, forgetting its sockets.
+  g_svc.watched.clear();
+  g_svc.pending.clear();
+  if (g_svc.wake >= 0) close(g_svc.wake);
+  g_svc.wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  g_svc.owner = getpid();
+  std::thread(run_service).detach();
+}
+
+void watch_locked(Id* id) {
+  if (id->watched || id->sock < 0) return;
+  start_service_locked();
+  id->watched = true;
+  g_svc.watched.push_back(id);
+  wake_service();
+}
+
+void unwatch_locked(Id* id) {
+  if (!id->watched) return;
+  id->watched = false;
+  auto& w = g_svc.watched;
+  w.erase(std::remove(w.begin(), w.end(), id), w.end());
+  wake_service();
+}
+
+void close_sock_locked(Id* id) {
+  unwatch_locked(id);
+  if (id->sock >= 0) close(id->sock);
+  id->sock = -1;
+}
+
+bool send_msg(int fd, const Msg& m) {
+  return fd >= 0 && send(fd, &m, sizeof(m), MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(m));
+}
+
+Msg msg_from(Id* id, MsgType type, const void* data, uint8_t len) {
+  Msg m = make_msg(type);
+  m.qpn = (id->id.qp ? id->id.qp->qp_num : id->local_qpn) & 0xffffff;
+  m.psn = id->psn;
+  std::memcpy(m.gid, id->sgid.raw, 16);
+  m.responder_resources = id->responder_resources;
+  m.initiator_depth = id->initiator_depth;
+  m.retry_count = id->retry_count;
+  m.rnr_retry_count = id->rnr_retry_count;
+  m.qp_type = static_cast<uint8_t>(id->id.qp_type);
+  m.ece_vendor = id->local_ece.vendor_id;
+  m.ece_options = id->local_ece.options;
+  std::memcpy(&m.src, &id->id.route.addr.src_storage, sizeof(m.src));
+  std::memcpy(&m.dst, &id->id.route.addr.dst_storage, sizeof(m.dst));
+  if (len) std::memcpy(m.private_data, data, len);
+  m.private_len = len;
+  return m;
+}
+
+void remember_peer(Id* id, const Msg& m) {
+  id->have_remote = true;
+  id->remote_qpn = m.qpn;
+  id->remote_psn = m.psn;
+  std::memcpy(id->remote_gid.raw, m.gid, 16);
+  id->remote_responder_resources = m.responder_resources;
+  id->remote_initiator_depth = m.initiator_depth;
+  id->remote_retry_count = m.retry_count;
+  id->remote_rnr_retry_count = m.rnr_retry_count;
+  id->remote_ece = {m.ece_vendor, m.ece_options, 0};
+}
+
+int modify(Id* id, ibv_qp_state state) {
+  ibv_qp_attr a{};
+  a.qp_state = state;
+  int mask = 0;
+  if (int err = qp_attr_locked(id, &a, &mask)) return err;
+  return ibv_modify_qp(id->id.qp, &a, mask);
+}
+
+// RTR then RTS on the id's own QP, once the peer's numbers are known.
+int connect_qp(Id* id) {
+  if (!id->id.qp) return 0;
+  if (int err = modify(id, IBV_QPS_RTR)) return err;
+  return modify(id, IBV_QPS_RTS);
+}
+
+void qp_to_error(Id* id) {
+  if (!id->id.qp) return;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(id->id.qp, &a, IBV_QP_STATE);
+}
+
+void report_disconnect(Id* id) {
+  qp_to_error(id);
+  id->state = IdState::Disconnected;
+  if (id->disconnect_reported) return;
+  id->disconnect_reported = true;
+  queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+}
+
+uint8_t clamp_rd(uint8_t v, int max) { return static_cast<uint8_t>(std::min<int>(v, max)); }
+
+// ---- what the peer's messages do
+
+void on_request(int fd, Id* listener, const Msg& m) {
+  bool ud = listener->id.ps == RDMA_PS_UDP;
+  bool matches = ud ? m.type == MsgType::SidrReq : m.type == MsgType::Req;
+  // A listener bound to one address takes requests for that address only.
+  const sockaddr* bound = &listener->id.route.addr.src_addr;
+  int bound_index = gid_index_of(bound);
+  int asked_index = gid_index_of(reinterpret_cast<const sockaddr*>(&m.dst));
+  if (asked_index == -2) asked_index = 0;
+  if (!matches || listener->state != IdState::Listening || asked_index < 0 ||
+      (bound_index >= 0 && bound_index != asked_index) ||
+      (!ud && m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC)) {
+    Msg no = make_msg(ud ? MsgType::SidrRep : MsgType::Rej);
+    no.status = ud ? kSidrUnsupported : kRejInvalidServiceId;
+    send_msg(fd, no);
+    close(fd);
+    return;
+  }
+  Channel* ch = listener->channel;
+  Id* id = new_id(ch, listener->id.context, listener->id.ps,
+                  ud ? IBV_QPT_UD : static_cast<ibv_qp_type>(m.qp_type));
+  id->sync = false;  // rdma_get_request makes it synchronous if the listener is
+  id->listener = listener;
+  id->id.verbs = device_context();
+  id->id.port_num = 1;
+  id->sgid_index = asked_index;
+  gid_at(asked_index, &id->sgid);
+  std::memcpy(&id->id.route.addr.src_storage, &m.dst, sizeof(m.dst));
+  std::memcpy(&id->id.route.addr.dst_storage, &m.src, sizeof(m.src));
+  id->port = listener->port;
+  remember_peer(id, m);
+  id->sock = fd;
+  id->state = IdState::ReqReceived;
+  watch_locked(id);
+  queue_event(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &m);
+}
+
+void on_message(Id* id, const Msg& m) {
+  switch (m.type) {
+    case MsgType::Rep:
+      if (id->state != IdState::Connecting || id->id.ps == RDMA_PS_UDP) return;
+      remember_peer(id, m);
+      // What we may read from the peer is what it grants, and the other way round.
+      id->responder_resources = std::min(id->responder_resources, m.initiator_depth);
+      id->initiator_depth = std::min(id->initiator_depth, m.responder_resources);
+      if (!id->id.qp) {
+        id->state = IdState::RepReceived;
+        queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &m);
+        return;
+      }
+      if (int err = connect_qp(id)) {
+        Msg rej = msg_from(id, MsgType::Rej, nullptr, 0);
+        rej.status = kRejConsumerDefined;
+        send_msg(id->sock, rej);
+        qp_to_error(id);
+        id->state = IdState::Failed;
+        queue_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -err);
+        return;
+      }
+      send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0));
+      id->state = IdState::Connected;
+      queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &m);
+      return;
+    case MsgType::Rej:
+      if (id->state != IdState::Connecting && id->state != IdState::Accepting &&
+          id->state != IdState::RepReceived)
+        return;
+      qp_to_error(id);
+      id->state = IdState::Failed;
+      queue_event(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.status), &m);
+      return;
+    case MsgType::Rtu:
+      if (id->state != IdState::Accepting) return;
+      id->state = IdState::Connected;
+      queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+      return;
+    case MsgType::Dreq:
+      if (id->state != IdState::Connected && id->state != IdState::Accepting &&
+          id->state != IdState::RepReceived && id->state != IdState::Disconnecting)
+        return;
+      send_msg(id->sock, make_msg(MsgType::Drep));
+      report_disconnect(id);
+      return;
+    case MsgType::Drep:
+      if (id->state == IdState::Disconnecting) report_disconnect(id);
+      return;
+    case MsgType::SidrRep:
+      if (id->state != IdState::Connecting || id->id.ps != RDMA_PS_UDP) return;
+      if (m.status != 0) {
+        id->state = IdState::Failed;
+        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(m.status), &m);
+        return;
+      }
+      remember_peer(id, m);
+      id->remote_qkey = m.qkey;
+      id->state = IdState::Connected;
+      queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &m);
+      return;
+    default:
+      return;  // a request on an established socket: not ours to answer
+  }
+}
+
+// The peer closed its end: it destroyed its id or its process died. A kernel CM would
+// have sent what IB CM sends when an id goes away in that state.
+void on_peer_gone(Id* id) {
+  close_sock_locked(id);
+  switch (id->state) {
+    case IdState::Connecting:
+      id->state = IdState::Failed;
+      if (id->id.ps == RDMA_PS_UDP) {
+        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+      } else {
+        queue_event(id, RDMA_CM_EVENT_REJECTED, kRejConsumerDefined);
+      }
+      return;
+    case IdState::ReqReceived:
+      if (id->id.ps == RDMA_PS_UDP) return;  // SIDR: nothing more was coming anyway
+      id->state = IdState::Failed;
+      queue_event(id, RDMA_CM_EVENT_REJECTED, kRejTimeout);
+      return;
+    case IdState::Accepting:
+      qp_to_error(id);
+      id->state = IdState::Failed;
+      queue_event(id, RDMA_CM_EVENT_REJECTED, kRejConsumerDefined);
+      return;
+    case IdState::Connected:
+      if (id->id.ps == RDMA_PS_UDP) return;  // UD has no connection to lose
+      report_disconnect(id);
+      return;
+    case IdState::RepReceived:
+    case IdState::Disconnecting:
+      report_disconnect(id);
+      return;
+    default:
+      return;
+  }
+}
+
+// Reads every packet waiting on fd: 1 = more may come, 0 = closed or garbage (the
+// caller treats both as the peer going away: a peer that sends garbage is not a peer).
+template <typename F>
+int read_messages(int fd, F&& handle) {
+  for (;;) {
+    Msg m;
+    ssize_t n = recv(fd, &m, sizeof(m), MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : 0;
+    if (n == 0 || !valid_msg(m, static_cast<size_t>(n))) return 0;
+    if (!handle(m)) return 1;
+  }
+}
+
+void service_id(Id* id) {
+  if (id->state == IdState::Listening) {
+    for (;;) {
+      int fd = accept4(id->sock, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;
+      size_t mine = std::count_if(g_svc.pending.begin(), g_svc.pending.end(),
+                                  [id](const Pending& p) { return p.listener == id; });
+      if (mine >= kMaxPendingPerListener) {
+        close(fd);
+        continue;
+      }
+      g_svc.pending.push_back({fd, id});
+    }
+  }
+  int sock = id->sock;
+  int alive = read_messages(sock, [&](const Msg& m) {
+    on_message(id, m);
+    return id->sock == sock;  // the handler may have closed it
+  });
+  if (!alive && id->sock == sock) on_peer_gone(id);
+}
+
+void service_pending(size_t index) {
+  Pending p = g_svc.pending[index];
+  bool taken = false;
+  int alive = read_messages(p.fd, [&](const Msg& m) {
+    on_request(p.fd, p.listener, m);
+    taken = true;
+    return false;  // the fd now belongs to the new id (or is closed)
+  });
+  if (taken || !alive) {
+    g_svc.pending.erase(g_svc.pending.begin() + static_cast<std::ptrdiff_t>(index));
+    if (!taken) close(p.fd);
+  }
+}
+
+void run_service() {
+  std::vector<pollfd> fds;
+  std::vector<Id*> ids;
+  std::vector<int> pend;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (g_svc.owner != getpid()) return;
+      fds.assign(1, pollfd{g_svc.wake, POLLIN, 0});
+      ids.clear();
+      pend.clear();
+      for (Id* id : g_svc.watched) {
+        fds.push_back({id->sock, POLLIN, 0});
+        ids.push_back(id);
+      }
+      for (const Pending& p : g_svc.pending) {
+        fds.push_back({p.fd, POLLIN, 0});
+        pend.push_back(p.fd);
+      }
+    }
+    if (poll(fds.data(), fds.size(), -1) < 0) continue;
+    std::lock_guard<std::mutex> lock(g_mu);
+    uint64_t n;
+    if (fds[0].revents) (void)!read(g_svc.wake, &n, sizeof(n));
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      if (i <= ids.size()) {
+        // Still the same id with the same socket? It may have gone meanwhile.
+        Id* id = ids[i - 1];
+        auto& w = g_svc.watched;
+        if (std::find(w.begin(), w.end(), id) != w.end() && id->sock == fds[i].fd) service_id(id);
+      } else {
+        int fd = pend[i - 1 - ids.size()];
+        auto& pv = g_svc.pending;
+        auto it = std::find_if(pv.begin(), pv.end(), [fd](const Pending& p) { return p.fd == fd; });
+        if (it != pv.end()) service_pending(static_cast<size_t>(it - pv.begin()));
+      }
+    }
+  }
+}
+
+int open_name(int ps, uint16_t port, int* out) {
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  sockaddr_un un;
+  socklen_t len = name_for(ps, port, &un);
+  if (bind(s, reinterpret_cast<sockaddr*>(&un), len) != 0) {
+    int err = errno;
+    close(s);
+    return err == EADDRINUSE ? EADDRINUSE : err;
+  }
+  *out = s;
+  return 0;
+}
+
+}  // namespace
+
+Channel* Channel::from(rdma_event_channel* c) {
+  auto* ch = reinterpret_cast<Channel*>(c);
+  return c && ch->magic == kChannelMagic ? ch : nullptr;
+}
+
+Id* Id::from(rdma_cm_id* i) {
+  auto* id = reinterpret_cast<Id*>(i);
+  return i && id->magic == kIdMagic ? id : nullptr;
+}
+
+Channel* new_channel() {
+  auto* ch = new (std::nothrow) Channel;
+  if (!ch) return nullptr;
+  if (int err = ch->events.open()) {
+    delete ch;
+    errno = err;
+    return nullptr;
+  }
+  ch->ch.fd = ch->events.fd();
+  return ch;
+}
+
+void free_channel(Channel* ch) {
+  ch->events.remove_if([](Event* e) {
+    e->magic = kDeadMagic;
+    delete e;
+    return true;
+  });
+  ch->magic = kDeadMagic;
+  delete ch;
+}
+
+Id* new_id(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_type) {
+  auto* id = new (std::nothrow) Id;
+  if (!id) return nullptr;
+  if (!channel) {
+    channel = new_channel();
+    if (!channel) {
+      delete id;
+      return nullptr;
+    }
+    id->sync = true;
+  }
+  id->channel = channel;
+  id->id.channel = &channel->ch;
+  id->id.context = context;
+  id->id.ps = ps;
+  id->id.qp_type = qp_type;
+  g_svc.ids.insert(id);
+  return id;
+}
+
+int bind_locked(Id* id, const sockaddr* addr) {
+  if (id->state != IdState::Idle) return EINVAL;
+  if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return EAFNOSUPPORT;
+  int index = gid_index_of(addr);
+  if (index == -1) return ENODEV;  // not an address of the soft device
+  uint16_t port = port_of(addr);
+  int sock = -1;
+  if (port) {
+    if (int err = open_name(id->id.ps, port, &sock)) return err;
+  } else {
+    // An ephemeral port, as the kernel's port space would hand out.
+    for (int tries = 0; tries < 512 && sock < 0; ++tries) {
+      uint16_t p = static_cast<uint16_t>(32768 + random24() % (61000 - 32768));
+      if (open_name(id->id.ps, p, &sock) == 0) port = p;
+    }
+    if (sock < 0) return EADDRINUSE;
+  }
+  std::memset(&id->id.route.addr.src_storage, 0, sizeof(sockaddr_storage));
+  std::memcpy(&id->id.route.addr.src_storage, addr, addr_len(addr));
+  set_port(&id->id.route.addr.src_storage, port);
+  if (index >= 0) {
+    id->id.verbs = device_context();
+    id->id.port_num = 1;
+    id->sgid_index = index;
+    gid_at(index, &id->sgid);
+  }
+  id->sock = sock;
+  id->port = port;
+  id->state = IdState::Bound;
+  return 0;
+}
+
+int listen_locked(Id* id, int backlog) {
+  if (id->state == IdState::Idle) {
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    if (int err = bind_locked(id, reinterpret_cast<sockaddr*>(&any))) return err;
+  }
+  if (id->state != IdState::Bound) return EINVAL;
+  if (::listen(id->sock, std::max(backlog, 128)) != 0) return errno;
+  id->state = IdState::Listening;
+  watch_locked(id);
+  return 0;
+}
+
+int connect_locked(Id* id, const rdma_conn_param* param) {
+  if (id->state != IdState::RouteResolved) return EINVAL;
+  bool ud = id->id.ps == RDMA_PS_UDP;
+  uint8_t len = param ? param->private_data_len : 0;
+  if (len > (ud ? kSidrReqPrivate : kReqPrivate) || (len && !param->private_data)) return EINVAL;
+  if (!ud && !id->id.qp && !param) return EINVAL;  // no QP and no QPN to name
+  const ibv_device_attr& dev = device_attr();
+  if (param) {
+    id->responder_resources = clamp_rd(param->responder_resources, dev.max_qp_rd_atom);
+    id->initiator_depth = clamp_rd(param->initiator_depth, dev.max_qp_init_rd_atom);
+    id->retry_count = std::min<uint8_t>(param->retry_count, 7);
+    id->rnr_retry_count = std::min<uint8_t>(param->rnr_retry_count, 7);
+    if (!id->id.qp) id->local_qpn = param->qp_num & 0xffffff;
+  }
+  id->psn = random24();
+  sockaddr_un un;
+  socklen_t un_len = name_for(id->id.ps, port_of(&id->id.route.addr.dst_addr), &un);
+  if (::connect(id->sock, reinterpret_cast<sockaddr*>(&un), un_len) != 0) {
+    int err = errno;
+    id->state = IdState::Failed;
+    if (err == ECONNREFUSED || err == ENOENT) {
+      // Nobody listens there: the remote CM answers at once.
+      if (ud) queue_event(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(kSidrUnsupported));
+      else queue_event(id, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId);
+    } else {
+      queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);  // its backlog is full
+    }
+    return 0;
+  }
+  Msg m = msg_from(id, ud ? MsgType::SidrReq : MsgType::Req, param ? param->private_data : nullptr, len);
+  if (param) m.flow_control = param->flow_control, m.srq = param->srq;
+  if (id->id.srq) m.srq = 1;
+  id->state = IdState::Connecting;
+  watch_locked(id);
+  if (!send_msg(id->sock, m)) on_peer_gone(id);
+  return 0;
+}
+
+int accept_locked(Id* id, const rdma_conn_param* param) {
+  if (id->state != IdState::ReqReceived || id->sock < 0) return EINVAL;
+  bool ud = id->id.ps == RDMA_PS_UDP;
+  uint8_t len = param ? param->private_data_len : 0;
+  if (len > (ud ? kSidrRepPrivate : kRepPrivate) || (len && !param->private_data)) return EINVAL;
+  if (!id->id.qp && !param) return EINVAL;
+  if (!id->id.qp) id->local_qpn = param->qp_num & 0xffffff;
+  if (ud) {
+    Msg rep = msg_from(id, MsgType::SidrRep, param ? param->private_data : nullptr, len);
+    rep.qkey = RDMA_UDP_QKEY;
+    if (!send_msg(id->sock, rep)) return ECONNRESET;
+    id->state = IdState::Connected;
+    return 0;
+  }
+  const ibv_device_attr& dev = device_attr();
+  // Without parameters we grant what was asked for, as far as the device goes.
+  uint8_t res = param ? param->responder_resources : id->remote_initiator_depth;
+  uint8_t ini = param ? param->initiator_depth : id->remote_responder_resources;
+  id->responder_resources = clamp_rd(res, dev.max_qp_rd_atom);
+  id->initiator_depth = clamp_rd(ini, dev.max_qp_init_rd_atom);
+  id->retry_count = id->remote_retry_count;  // the requester's choice (IBA 12.7.38)
+  id->rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
+  id->psn = random24();
+  if (int err = connect_qp(id)) return err;
+  Msg rep = msg_from(id, MsgType::Rep, param ? param->private_data : nullptr, len);
+  if (param) rep.flow_control = param->flow_control, rep.srq = param->srq;
+  if (id->id.srq) rep.srq = 1;
+  if (!send_msg(id->sock, rep)) {
+    qp_to_error(id);
+    return ECONNRESET;
+  }
+  id->state = IdState::Accepting;
+  return 0;
+}
+
+int reject_locked(Id* id, const void* data, uint8_t len, int reason) {
+  if (id->state != IdState::ReqReceived) return EINVAL;
+  bool ud = id->id.ps == RDMA_PS_UDP;
+  if (len > (ud ? kSidrRepPrivate : kRejPrivate) || (len && !data)) return EINVAL;
+  Msg m = msg_from(id, ud ? MsgType::SidrRep : MsgType::Rej, data, len);
+  m.status = ud ? kSidrReject : static_cast<uint32_t>(reason);
+  send_msg(id->sock, m);
+  id->state = IdState::Failed;
+  return 0;
+}
+
+int establish_locked(Id* id) {
+  if (id->state != IdState::RepReceived) return EINVAL;
+  if (!send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0))) return ECONNRESET;
+  id->state = IdState::Connected;
+  return 0;
+}
+
+int disconnect_locked(Id* id) {
+  switch (id->state) {
+    case IdState::Connected:
+    case IdState::Accepting:
+    case IdState::RepReceived:
+      qp_to_error(id);
+      if (id->id.ps == RDMA_PS_UDP) return 0;
+      id->state = IdState::Disconnecting;
+      if (!send_msg(id->sock, make_msg(MsgType::Dreq))) report_disconnect(id);
+      return 0;
+    case IdState::Disconnecting:
+    case IdState::Disconnected:
+      return 0;
+    default:
+      return EINVAL;
+  }
+}
+
+int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
+  bool ud = id->id.qp_type == IBV_QPT_UD;
+  bool rc = id->id.qp_type == IBV_QPT_RC;
+  ibv_qp_state state = a->qp_state;
+  std::memset(a, 0, sizeof(*a));
+  a->qp_state = state;
+  *mask = IBV_QP_STATE;
+  switch (state) {
+    case IBV_QPS_INIT:
+      a->pkey_index = 0;
+      a->port_num = id->id.port_num ? id->id.port_num : 1;
+      *mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+      if (ud) {
+        a->qkey = RDMA_UDP_QKEY;
+        *mask |= IBV_QP_QKEY;
+      } else {
+        a->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        if (rc) a->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+        *mask |= IBV_QP_ACCESS_FLAGS;
+      }
+      return 0;
+    case IBV_QPS_RTR:
+      if (ud) return 0;
+      if (!id->have_remote) return EINVAL;
+      a->path_mtu = device_mtu();
+      a->dest_qp_num = id->remote_qpn;
+      a->rq_psn = id->remote_psn;
+      a->ah_attr.is_global = 1;
+      a->ah_attr.grh.dgid = id->remote_gid;
+      a->ah_attr.grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
+      a->ah_attr.grh.hop_limit = 64;
+      a->ah_attr.grh.traffic_class = id->tos;
+      a->ah_attr.port_num = 1;
+      *mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (rc) {
+        a->max_dest_rd_atomic = id->responder_resources;
+        a->min_rnr_timer = 12;
+        *mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      }
+      return 0;
+    case IBV_QPS_RTS:
+      a->sq_psn = id->psn;
+      *mask |= IBV_QP_SQ_PSN;
+      if (rc) {
+        a->timeout = id->ack_timeout;
+        a->retry_cnt = id->retry_count;
+        a->rnr_retry = id->rnr_retry_count;
+        a->max_rd_atomic = id->initiator_depth;
+        *mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      }
+      return 0;
+    default:
+      return EINVAL;
+  }
+}
+
+int init_qp_locked(Id* id, ibv_qp* qp) {
+  ibv_qp* saved = id->id.qp;
+  id->id.qp = qp;
+  if (id->psn == 0) id->psn = random24();
+  int err = modify(id, IBV_QPS_INIT);
+  if (!err && id->id.qp_type == IBV_QPT_UD) {
+    err = modify(id, IBV_QPS_RTR);
+    if (!err) err = modify(id, IBV_QPS_RTS);
+  }
+  id->id.qp = saved;
+  return err;
+}
+
+void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
+  auto* e = new (std::nothrow) Event{};
+  if (!e) return;  // nothing sensible left to do: the application sees no event
+  e->magic = kEventMagic;
+  e->owner = id;
+  rdma_cm_event& ev = e->ev;
+  ev.id = &id->id;
+  ev.event = type;
+  ev.status = status;
+  if (type == RDMA_CM_EVENT_CONNECT_REQUEST && id->listener) ev.listen_id = &id->listener->id;
+  if (m) {
+    // Private data arrives in IB CM's fixed-size fields: the receiver sees all of it.
+    uint8_t size = private_size(m->type);
+    std::memcpy(e->private_data, m->private_data, std::min<size_t>(m->private_len, size));
+    if (id->id.ps == RDMA_PS_UDP) {
+      ev.param.ud.private_data = size ? e->private_data : nullptr;
+      ev.param.ud.private_data_len = size;
+      if (type == RDMA_CM_EVENT_ESTABLISHED) {
+        ibv_ah_attr& ah = ev.param.ud.ah_attr;
+        ah.is_global = 1;
+        std::memcpy(ah.grh.dgid.raw, m->gid, 16);
+        ah.grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
+        ah.grh.hop_limit = 64;
+        ah.port_num = 1;
+        ev.param.ud.qp_num = m->qpn;
+        ev.param.ud.qkey = m->qkey;
+      }
+    } else {
+      ev.param.conn.private_data = size ? e->private_data : nullptr;
+      ev.param.conn.private_data_len = size;
+      // The sender's resources seen from here: what it reads is what we answer, and back.
+      ev.param.conn.responder_resources = m->initiator_depth;
+      ev.param.conn.initiator_depth = m->responder_resources;
+      ev.param.conn.flow_control = m->flow_control;
+      ev.param.conn.retry_count = m->retry_count;
+      ev.param.conn.rnr_retry_count = m->rnr_retry_count;
+      ev.param.conn.srq = m->srq;
+      ev.param.conn.qp_num = m->qpn;
+    }
+  }
+  id->channel->events.push(e);
+}
+
+void detach_locked(Id* id) {
+  close_sock_locked(id);
+  auto& pv = g_svc.pending;
+  for (auto it = pv.begin(); it != pv.end();) {
+    if (it->listener != id) {
+      ++it;
+      continue;
+    }
+    close(it->fd);
+    it = pv.erase(it);
+  }
+  g_svc.ids.erase(id);
+  // Requests this listener never handed out die with it; the requesters hear the socket close.
+  std::vector<Id*> orphans;
+  for (Id* other : g_svc.ids)
+    if (other->listener == id) other->listener = nullptr;
+  id->channel->events.remove_if([&](Event* e) {
+    if (e->ev.listen_id == &id->id && e->owner != id) orphans.push_back(e->owner);
+    if (e->owner != id && e->ev.listen_id != &id->id) return false;
+    e->magic = kDeadMagic;
+    delete e;
+    return true;
+  });
+  for (Id* o : orphans) {
+    close_sock_locked(o);
+    g_svc.ids.erase(o);
+    o->magic = kDeadMagic;
+    delete o;
+  }
+}
+
+void wait_acked(Id* id) {
+  for (int n = id->unacked.load(); n > 0; n = id->unacked.load()) id->unacked.wait(n);
+}
+
+int complete_sync(Id* id, rdma_cm_event_type expected) {
+  (void)expected;  // as rdma-core: the status decides, not the type
+  if (id->id.event) {
+    rdma_ack_cm_event(id->id.event);
+    id->id.event = nullptr;
+  }
+  Event* e = nullptr;
+  int rc = id->channel->events.wait_pop(&e, [](Event* ev) { ev->owner->unacked.fetch_add(1); });
+  if (rc != 0) return -1;
+  id->id.event = &e->ev;
+  int status = e->ev.status;
+  if (status == 0) return 0;
+  if (e->ev.event == RDMA_CM_EVENT_REJECTED) errno = ECONNREFUSED;
+  else errno = status < 0 ? -status : status;
+  return -1;
+}
+
+}  // namespace softverbs::cm
