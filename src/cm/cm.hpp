@@ -39,6 +39,8 @@ struct Channel {
   rdma_event_channel ch;  // first: applications see {fd}
   uint32_t magic = kChannelMagic;
   EventQueue<Event*> events;
+  int ids = 0;             // under g_mu: ids whose events come here
+  bool destroyed = false;  // under g_mu: the application destroyed it while ids remained
   static Channel* from(rdma_event_channel* c);
 };
 
@@ -135,6 +137,10 @@ void wait_acked(Id* id);
 // kept before). Returns 0, or -1 with errno from the event's status.
 int complete_sync(Id* id, rdma_cm_event_type expected);
 Channel* new_channel();
+// Frees the channel and its queued events, or, while ids still use it, marks it for the
+// last of them (under g_mu).
 void free_channel(Channel* ch);
+// The id stops using its channel; a synchronous id's own channel goes with it.
+void release_channel_locked(Id* id);
 
 }  // namespace softverbs::cm

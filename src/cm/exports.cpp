@@ -125,7 +125,8 @@ rdma_event_channel* rdma_create_event_channel(void) {
 }
 
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
-  if (Channel* ch = Channel::from(channel)) free_channel(ch);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (Channel* ch = Channel::from(channel); ch && !ch->destroyed) free_channel(ch);
 }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context,
@@ -166,7 +167,10 @@ int rdma_destroy_id(rdma_cm_id* raw) {
     detach_locked(id);
   }
   wait_acked(id);
-  if (id->sync) free_channel(id->channel);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    release_channel_locked(id);
+  }
   id->magic = kDeadMagic;
   delete id;
   return 0;
@@ -355,7 +359,9 @@ int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
     ack_event(e);
     return fail(err);
   }
+  release_channel_locked(id);
   id->channel = own;
+  own->ids = 1;
   id->id.channel = &own->ch;
   id->sync = true;
   id->id.event = &e->ev;
@@ -487,15 +493,13 @@ int rdma_migrate_id(rdma_cm_id* raw, rdma_event_channel* channel) {
     return true;
   });
   for (Event* e : moving) to->events.push(e);
-  if (id->sync) {
-    if (id->id.event) {  // the synchronous id's kept event
-      ack_event(reinterpret_cast<Event*>(id->id.event));
-      id->id.event = nullptr;
-    }
-    wait_acked(id);  // rdma_migrate_id(3): events on the old channel must be acked first
-    free_channel(from);
+  if (id->sync && id->id.event) {  // the synchronous id's kept event
+    ack_event(reinterpret_cast<Event*>(id->id.event));
+    id->id.event = nullptr;
   }
+  release_channel_locked(id);
   id->channel = to;
+  ++to->ids;
   id->id.channel = &to->ch;
   id->sync = sync;
   return 0;
@@ -542,14 +546,18 @@ int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd, ibv_qp_init
   if (rdma_create_id(nullptr, &raw, nullptr, ps) != 0) return -1;
   Id* id = Id::from(raw);
   if (res->ai_qp_type) id->id.qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
+  if (qp_init_attr) qp_init_attr->qp_type = id->id.qp_type;  // rdma_create_ep(3) decides it
   int rc;
   if (res->ai_flags & RAI_PASSIVE) {
     rc = rdma_bind_addr(raw, res->ai_src_addr);
     if (rc == 0 && qp_init_attr) {
       std::lock_guard<std::mutex> lock(g_mu);
       id->ep_attr = *qp_init_attr;
-      id->ep_pd = pd;
       id->has_ep_attr = true;
+    }
+    if (rc == 0 && pd) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      id->ep_pd = pd;
     }
   } else {
     rc = rdma_resolve_addr(raw, res->ai_src_addr, res->ai_dst_addr, 2000);

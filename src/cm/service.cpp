@@ -38,7 +38,8 @@ struct Service {
   std::vector<Pending> pending;
   std::set<Id*> ids;  // every live id, for listeners going away before their children
 };
-Service g_svc;
+// Never destroyed: the service thread may still run while the process exits.
+Service& g_svc = *new Service;
 
 constexpr size_t kMaxPendingPerListener = 1024;
 
@@ -446,8 +447,22 @@ void free_channel(Channel* ch) {
     delete e;
     return true;
   });
+  if (ch->ids > 0) {
+    // Ids still use it (rdma_destroy_event_channel came too early): it goes with the last.
+    ch->destroyed = true;
+    return;
+  }
   ch->magic = kDeadMagic;
   delete ch;
+}
+
+void release_channel_locked(Id* id) {
+  Channel* ch = id->channel;
+  id->channel = nullptr;
+  if (--ch->ids == 0 && (ch->destroyed || id->sync)) {
+    ch->destroyed = false;
+    free_channel(ch);
+  }
 }
 
 Id* new_id(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_type) {
@@ -462,6 +477,7 @@ Id* new_id(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_t
     id->sync = true;
   }
   id->channel = channel;
+  ++channel->ids;
   id->id.channel = &channel->ch;
   id->id.context = context;
   id->id.ps = ps;
@@ -733,6 +749,10 @@ void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
       ev.param.conn.qp_num = m->qpn;
     }
   }
+  if (id->channel->destroyed) {  // nobody can read it any more
+    delete e;
+    return;
+  }
   id->channel->events.push(e);
 }
 
@@ -761,6 +781,7 @@ void detach_locked(Id* id) {
   });
   for (Id* o : orphans) {
     close_sock_locked(o);
+    release_channel_locked(o);
     g_svc.ids.erase(o);
     o->magic = kDeadMagic;
     delete o;
