@@ -48,6 +48,30 @@ listening() {
   [[ -n $(ss -Hltn "sport = :$1") ]]
 }
 
+# cm_listening PORT PS: a softverbs rdma_cm listener holds PORT in port space PS (106 TCP,
+# 111 UDP, in hex as in the name): an abstract unix socket "@softverbs-cm-HOST-PS-PORT",
+# where HOST is the FNV-1a hash of the state directory (src/cm/service.cpp, name_for).
+cm_listening() {
+  local host
+  host=$(python3 -c 'import sys
+h = 1469598103934665603
+for b in sys.argv[1].encode():
+    h = ((h ^ b) * 1099511628211) % (1 << 64)
+print(f"{h:016x}")' "$SOFTVERBS_STATE_DIR")
+  ss -Hxl 2>/dev/null | grep -Eq -- "@softverbs-cm-$host-$2-$1( |$)"
+}
+
+# pair_ready PORT: the server is ready for its client. PAIR_READY says how to tell: tcp (a
+# TCP listener, the default), cm-tcp or cm-udp (an rdma_cm listener in that port space).
+PAIR_READY=${PAIR_READY:-tcp}
+pair_ready() {
+  case $PAIR_READY in
+    cm-tcp) cm_listening "$1" 106 ;;
+    cm-udp) cm_listening "$1" 111 ;;
+    *) listening "$1" ;;
+  esac
+}
+
 pair_setup() {
   local base=${1:?pair_setup BASE_PORT}
   # A private state directory: the host registry and port state of parallel tests stay apart.
@@ -124,7 +148,7 @@ pair_run() {
   pair_start srv $((PAIR_TIMEOUT + 5)) "${server[@]}"
 
   deadline=$(($(now_ms) + PAIR_LISTEN_WAIT * 1000))
-  until listening "$port"; do
+  until pair_ready "$port"; do
     if ! alive "$srv_pid"; then
       echo "server exited before listening on port $port; client not started"
       break

@@ -12,6 +12,8 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/pair.sh"
 
+# -R: the connection goes through rdma_cm, and the server listens there, not on TCP.
+for arg in "$@"; do [[ $arg == -R ]] && PAIR_READY=cm-tcp; done
 pair_program -d softverbs0 -- "$@"
 sweep=0
 for arg in "${args[@]}"; do [[ $arg == -a ]] && sweep=1; done
