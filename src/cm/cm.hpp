@@ -79,6 +79,7 @@ struct Id {
   uint8_t retry_count = 7, rnr_retry_count = 7;
   uint8_t tos = 0, ack_timeout = 14;
   bool disconnect_reported = false;
+  bool removal_reported = false;  // DEVICE_REMOVAL given
   // What the peer told us (REQ / REP / SIDR REP).
   bool have_remote = false;
   uint32_t remote_qpn = 0, remote_psn = 0, remote_qkey = 0;

@@ -2,6 +2,7 @@
 // peer's messages into events (see cm.hpp and docs/decisions/0004-rdma-cm.md).
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -34,6 +35,8 @@ struct Pending {
 struct Service {
   pid_t owner = 0;  // the process the thread runs in (a forked child starts its own)
   int wake = -1;    // eventfd: the set of sockets changed
+  int state = -1;   // inotify on the state directory: device teardown (softverbs inject)
+  std::string device_token;  // the "device" file's content when last read
   std::vector<Id*> watched;
   std::vector<Pending> pending;
   std::set<Id*> ids;  // every live id, for listeners going away before their children
@@ -80,6 +83,14 @@ void start_service_locked() {
   g_svc.pending.clear();
   if (g_svc.wake >= 0) close(g_svc.wake);
   g_svc.wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (g_svc.state >= 0) close(g_svc.state);
+  g_svc.state = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (g_svc.state >= 0 &&
+      inotify_add_watch(g_svc.state, state_dir().c_str(), IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+    close(g_svc.state);
+    g_svc.state = -1;
+  }
+  g_svc.device_token = read_state_word("device");  // the baseline: no event for it
   g_svc.owner = getpid();
   std::thread(run_service).detach();
 }
@@ -362,6 +373,30 @@ void service_pending(size_t index) {
   }
 }
 
+// The device went away (softverbs inject device-fatal): every id on it hears
+// DEVICE_REMOVAL once, as rdma_cm(7) describes; the application destroys them.
+void check_device_locked() {
+  alignas(inotify_event) char buf[4096];
+  bool device = false;
+  for (ssize_t n; (n = read(g_svc.state, buf, sizeof(buf))) > 0;) {
+    for (char* p = buf; p < buf + n;) {
+      auto* ev = reinterpret_cast<inotify_event*>(p);
+      if (ev->len && std::strcmp(ev->name, "device") == 0) device = true;
+      p += sizeof(inotify_event) + ev->len;
+    }
+  }
+  if (!device) return;
+  std::string token = read_state_word("device");
+  if (token == g_svc.device_token) return;
+  g_svc.device_token = token;
+  if (token.rfind("fatal", 0) != 0) return;
+  for (Id* id : g_svc.ids) {
+    if (!id->id.verbs || id->removal_reported) continue;
+    id->removal_reported = true;
+    queue_event(id, RDMA_CM_EVENT_DEVICE_REMOVAL, 0);
+  }
+}
+
 void run_service() {
   std::vector<pollfd> fds;
   std::vector<Id*> ids;
@@ -371,6 +406,7 @@ void run_service() {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_svc.owner != getpid()) return;
       fds.assign(1, pollfd{g_svc.wake, POLLIN, 0});
+      fds.push_back({g_svc.state, POLLIN, 0});  // -1 (no inotify) is skipped by poll
       ids.clear();
       pend.clear();
       for (Id* id : g_svc.watched) {
@@ -386,15 +422,17 @@ void run_service() {
     std::lock_guard<std::mutex> lock(g_mu);
     uint64_t n;
     if (fds[0].revents) (void)!read(g_svc.wake, &n, sizeof(n));
-    for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[1].revents) check_device_locked();
+    constexpr size_t kFirst = 2;  // after the eventfd and the inotify fd
+    for (size_t i = kFirst; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
-      if (i <= ids.size()) {
+      if (i - kFirst < ids.size()) {
         // Still the same id with the same socket? It may have gone meanwhile.
-        Id* id = ids[i - 1];
+        Id* id = ids[i - kFirst];
         auto& w = g_svc.watched;
         if (std::find(w.begin(), w.end(), id) != w.end() && id->sock == fds[i].fd) service_id(id);
       } else {
-        int fd = pend[i - 1 - ids.size()];
+        int fd = pend[i - kFirst - ids.size()];
         auto& pv = g_svc.pending;
         auto it = std::find_if(pv.begin(), pv.end(), [fd](const Pending& p) { return p.fd == fd; });
         if (it != pv.end()) service_pending(static_cast<size_t>(it - pv.begin()));
@@ -482,6 +520,7 @@ Id* new_id(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_t
   id->id.context = context;
   id->id.ps = ps;
   id->id.qp_type = qp_type;
+  start_service_locked();  // it also watches for the device going away
   g_svc.ids.insert(id);
   return id;
 }

@@ -6,7 +6,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -19,20 +18,12 @@ namespace softverbs::control {
 
 namespace {
 
-std::string read_word_file(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
-  return line;
-}
-
 std::mutex& g_mu = *new std::mutex;  // immortal: the watcher thread outlives exit()
 pid_t g_owner = 0;
 std::string& g_device_token = *new std::string;  // last "device" content seen; a change to "fatal …" fires
 
 void apply_port_state(bool raise) {
-  std::string s = read_word_file(state_dir() + "/port1");
+  std::string s = read_state_word("port1");
   bool up = s != "down";
   Device& dev = Device::instance();
   if (dev.port_active() == up) return;
@@ -41,7 +32,7 @@ void apply_port_state(bool raise) {
 }
 
 void apply_device_state() {
-  std::string s = read_word_file(state_dir() + "/device");
+  std::string s = read_state_word("device");
   std::lock_guard<std::mutex> lock(g_mu);
   if (s == g_device_token) return;
   g_device_token = s;
@@ -76,7 +67,7 @@ void start_watcher() {
     std::lock_guard<std::mutex> lock(g_mu);
     if (g_owner == getpid()) return;
     g_owner = getpid();
-    g_device_token = read_word_file(state_dir() + "/device");  // baseline: no event
+    g_device_token = read_state_word("device");  // baseline: no event
   }
   std::string dir = state_dir();
   mkdir(dir.c_str(), 0700);
