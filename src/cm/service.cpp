@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -40,6 +41,8 @@ struct Service {
   std::vector<Id*> watched;
   std::vector<Pending> pending;
   std::set<Id*> ids;  // every live id, for listeners going away before their children
+  // Disconnected ids waiting out their time-wait (then TIMEWAIT_EXIT), soonest first.
+  std::vector<std::pair<std::chrono::steady_clock::time_point, Id*>> timewait;
 };
 // Never destroyed: the service thread may still run while the process exits.
 Service& g_svc = *new Service;
@@ -180,6 +183,29 @@ void report_disconnect(Id* id) {
   if (id->disconnect_reported) return;
   id->disconnect_reported = true;
   queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+  // IB CM keeps a closed connection in time-wait for about one ACK timeout, so that stray
+  // packets die out; rdma_cm reports the end as TIMEWAIT_EXIT (then the QP may be reused).
+  auto wait = std::chrono::nanoseconds(4096ull << std::min<int>(id->ack_timeout, 19));
+  auto at = std::chrono::steady_clock::now() + std::max<std::chrono::nanoseconds>(wait, std::chrono::milliseconds(10));
+  auto& tw = g_svc.timewait;
+  tw.insert(std::upper_bound(tw.begin(), tw.end(), std::make_pair(at, id),
+                             [](const auto& a, const auto& b) { return a.first < b.first; }),
+            {at, id});
+  wake_service();
+}
+
+// Fires the time-waits that are over; returns the milliseconds to the next one, or -1.
+int expire_timewaits_locked() {
+  auto now = std::chrono::steady_clock::now();
+  auto& tw = g_svc.timewait;
+  while (!tw.empty() && tw.front().first <= now) {
+    Id* id = tw.front().second;
+    tw.erase(tw.begin());
+    queue_event(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+  }
+  if (tw.empty()) return -1;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(tw.front().first - now);
+  return static_cast<int>(left.count()) + 1;
 }
 
 uint8_t clamp_rd(uint8_t v, int max) { return static_cast<uint8_t>(std::min<int>(v, max)); }
@@ -402,9 +428,11 @@ void run_service() {
   std::vector<Id*> ids;
   std::vector<int> pend;
   for (;;) {
+    int timeout;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_svc.owner != getpid()) return;
+      timeout = expire_timewaits_locked();
       fds.assign(1, pollfd{g_svc.wake, POLLIN, 0});
       fds.push_back({g_svc.state, POLLIN, 0});  // -1 (no inotify) is skipped by poll
       ids.clear();
@@ -418,7 +446,7 @@ void run_service() {
         pend.push_back(p.fd);
       }
     }
-    if (poll(fds.data(), fds.size(), -1) < 0) continue;
+    if (poll(fds.data(), fds.size(), timeout) < 0) continue;
     std::lock_guard<std::mutex> lock(g_mu);
     uint64_t n;
     if (fds[0].revents) (void)!read(g_svc.wake, &n, sizeof(n));
@@ -797,6 +825,9 @@ void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
 
 void detach_locked(Id* id) {
   close_sock_locked(id);
+  auto& tw = g_svc.timewait;
+  tw.erase(std::remove_if(tw.begin(), tw.end(), [id](const auto& t) { return t.second == id; }),
+           tw.end());
   auto& pv = g_svc.pending;
   for (auto it = pv.begin(); it != pv.end();) {
     if (it->listener != id) {

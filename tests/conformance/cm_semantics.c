@@ -7,7 +7,8 @@
  *  - connect / accept with private data (sizes as IB CM's fields, too long is EINVAL), the
  *    resources each side sees, data over the connection, reject (reason 28 + private data),
  *    a port nobody listens on (REJECTED, reason 8), synchronous ids;
- *  - rdma_destroy_id waits for the id's events to be acked; the peer sees DISCONNECTED;
+ *  - disconnect: DISCONNECTED on both sides, then TIMEWAIT_EXIT; rdma_destroy_id waits for
+ *    the id's events to be acked; the peer of a destroyed id sees DISCONNECTED;
  *  - a peer killed after ESTABLISHED (DISCONNECTED, QP in error, receives flushed) or in
  *    the middle of the handshake (REJECTED), and garbage sent to a listener's socket
  *    (ignored; the next real connect works).
@@ -345,6 +346,12 @@ int main(void)
 	}
 	CHECK_EQ(qp_state(client->qp), IBV_QPS_ERR);
 	CHECK_EQ(qp_state(server->qp), IBV_QPS_ERR);
+	/* Then each leaves time-wait (about one ACK timeout later): TIMEWAIT_EXIT. */
+	for (int i = 0; i < 2; ++i) {
+		ev = expect_event(ch, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+		CHECK(ev->id == client || ev->id == server);
+		CHECK(rdma_ack_cm_event(ev) == 0);
+	}
 	rdma_destroy_qp(server);
 	CHECK(rdma_destroy_id(server) == 0);
 	rdma_destroy_qp(client);
