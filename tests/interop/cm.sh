@@ -2,7 +2,8 @@
 # Debian's rdma_cm programs (rdmacm-utils), server and client as two processes on 127.0.0.1,
 # connecting through our librdmacm.so.1.
 #   cm.sh SOFTVERBS PORT LIMIT CASE
-# CASE: rping, rping-q (the application makes its own QP), ucmatose (4 connections), udaddy,
+# CASE: rping, rping-q (the application makes its own QP), ucmatose (4 connections),
+# ucmatose-migrate (rdma_migrate_id to a new channel, TOS and ACK timeout options), udaddy,
 # rdma_server, rdma_xserver, cmtime, rstream, or no-listener (a client alone: REJECTED fast).
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
 source "$(dirname "$0")/lib.sh"
@@ -25,6 +26,10 @@ case $case_name in
   ucmatose)
     server=("${sv[@]}" ucmatose -p "$port" -c 4 -C "$count")
     client=("${sv[@]}" ucmatose -s 127.0.0.1 -p "$port" -c 4 -C "$count")
+    ;;
+  ucmatose-migrate)
+    server=("${sv[@]}" ucmatose -p "$port" -c 2 -C "$count" -m -t 32 -a 16)
+    client=("${sv[@]}" ucmatose -s 127.0.0.1 -p "$port" -c 2 -C "$count" -m -t 32 -a 16)
     ;;
   udaddy)
     # udaddy has no port option (its -p is the port space): always 7174, which is ours
@@ -83,13 +88,17 @@ case $case_name in
       "(($(grep -cE '^server ping data: rdma-ping-[0-9]+: ' <<<"$srv_out") == count))"
     check "client saw no data mismatch" "! side_has cli 'data mismatch|error|fail'"
     ;;
-  ucmatose | udaddy)
+  ucmatose | ucmatose-migrate | udaddy)
     check "server exited 0" '((srv_rc == 0))'
     check "client exited 0" '((cli_rc == 0))'
     for side in srv cli; do
       check "$side: data transfers complete" "side_has $side '^data transfers complete'"
       check "$side: return status 0" "side_has $side '^return status 0'"
     done
+    if [[ $case_name == ucmatose-migrate ]]; then
+      check "both sides migrated their ids" \
+        "side_has srv '^migrating to new event channel' && side_has cli '^migrating to new event channel'"
+    fi
     ;;
   rdma_server | rdma_xserver)
     check "server exited 0" '((srv_rc == 0))'
