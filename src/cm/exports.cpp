@@ -219,6 +219,7 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       } else {
         if (!id->id.verbs) {  // bound to a wildcard: the route picks the device
           id->id.verbs = device_context();
+          id->id.pd = device_pd();  // as rdma-core: an id on a device has its PD
           id->id.port_num = 1;
           id->sgid_index = index;
           gid_at(index, &id->sgid);

@@ -235,6 +235,7 @@ void on_request(int fd, Id* listener, const Msg& m) {
   id->sync = false;  // rdma_get_request makes it synchronous if the listener is
   id->listener = listener;
   id->id.verbs = device_context();
+  id->id.pd = device_pd();  // as rdma-core: an id on a device has its PD
   id->id.port_num = 1;
   id->sgid_index = asked_index;
   gid_at(asked_index, &id->sgid);
@@ -575,6 +576,7 @@ int bind_locked(Id* id, const sockaddr* addr) {
   set_port(&id->id.route.addr.src_storage, port);
   if (index >= 0) {
     id->id.verbs = device_context();
+    id->id.pd = device_pd();  // as rdma-core: an id on a device has its PD
     id->id.port_num = 1;
     id->sgid_index = index;
     gid_at(index, &id->sgid);
