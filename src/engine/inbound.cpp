@@ -22,6 +22,19 @@ uint32_t round_up_pow2(uint32_t v) {
   return p;
 }
 
+// Under cq->inbound_mu, after its list changed: watch the one window's slot, or the doorbell.
+void update_solo_locked(Cq* cq) {
+  cq->has_inbound.store(!cq->inbound.empty());
+  cq->solo_slots.store(nullptr, std::memory_order_release);
+  if (cq->inbound.size() != 1) return;
+  Qp* qp = cq->inbound.front();
+  wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
+  const wire::WindowSlot* slots = qp->window_slots.load(std::memory_order_acquire);
+  if (!hdr || !slots) return;
+  cq->solo_head.store(&hdr->head, std::memory_order_release);
+  cq->solo_slots.store(slots, std::memory_order_release);
+}
+
 // Stops the window: the requester sees `live` drop and goes through the agent from now on.
 void kill_window_locked(Qp* t) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
@@ -117,7 +130,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   {
     std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
     t->recv_cq->inbound.push_back(t);
-    t->recv_cq->has_inbound.store(true);
+    update_solo_locked(t->recv_cq);
   }
   return off;
 }
@@ -236,7 +249,7 @@ void close_window(Qp* t, bool deliver) {
   std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
   auto& v = t->recv_cq->inbound;
   v.erase(std::remove(v.begin(), v.end(), t), v.end());
-  t->recv_cq->has_inbound.store(!v.empty());
+  update_solo_locked(t->recv_cq);
 }
 
 }  // namespace softverbs::engine

@@ -159,10 +159,16 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
   // Messages that peers left in receive windows become completions now (they ring the
   // CQ's doorbell after each one, so an idle CQ costs one more load).
   if (cq->has_inbound.load(std::memory_order_relaxed)) {
-    uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
-    if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {
-      cq->doorbell_seen.store(bell, std::memory_order_relaxed);
-      engine::drain_inbound(cq);
+    if (const wire::WindowSlot* slots = cq->solo_slots.load(std::memory_order_acquire)) {
+      uint64_t head = cq->solo_head.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
+      if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1)
+        engine::drain_inbound(cq);
+    } else {
+      uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
+      if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {
+        cq->doorbell_seen.store(bell, std::memory_order_relaxed);
+        engine::drain_inbound(cq);
+      }
     }
   }
   // An empty CQ costs one shared load (tail) and one private one (head).

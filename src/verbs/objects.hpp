@@ -114,6 +114,12 @@ struct Cq {
   std::mutex inbound_mu;
   std::vector<Qp*> inbound;
   std::atomic<bool> has_inbound{false};
+  // With exactly one window feeding it, the CQ watches that window's next slot instead of
+  // the doorbell: the doorbell's cache line then stays with the requester, and a message
+  // costs one line transfer (the slot) instead of two. Both point into our own arena, which
+  // is never unmapped, so a stale pair only gives a wrong hint (drained under the locks).
+  std::atomic<const wire::WindowSlot*> solo_slots{nullptr};
+  std::atomic<const std::atomic<uint64_t>*> solo_head{nullptr};
   std::atomic<bool> in_error{false};
   bool destroying = false;       // under produce_mu
   std::atomic<int> users{0};     // QPs feeding it
