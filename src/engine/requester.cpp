@@ -214,7 +214,6 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   req.length = w.total_length;
   req.local = local;
   req.nlocal = nlocal;
-  req.pid = wire::self_pid();
   ibv_gid dgid;
   if (qp->type == IBV_QPT_UD) {
     if (w.total_length > 4096)
@@ -237,6 +236,7 @@ Outcome execute(Qp* qp, const SendWqe& w) {
       }
     }
   }
+  req.pid = wire::self_pid();  // the window and direct paths above do not need it
   // A port that is down sends nothing: to the requester that looks like silence.
   Outcome o = Device::instance().port_active() ? wire::transport().deliver(dgid, req)
                                                 : Outcome{Outcome::NoResponse};

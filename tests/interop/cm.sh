@@ -51,8 +51,10 @@ case $case_name in
     ;;
   rstream)
     PAIR_READY=tcp  # rsockets are kernel sockets (docs/rdma-cm.md)
-    server=("${sv[@]}" rstream -p "$port")
-    client=("${sv[@]}" rstream -s 127.0.0.1 -p "$port")
+    # Blocking calls and data verification: rstream's default busy-polls with MSG_DONTWAIT,
+    # which crawls on a loaded 2-CPU machine.
+    server=("${sv[@]}" rstream -p "$port" -T b -T v)
+    client=("${sv[@]}" rstream -s 127.0.0.1 -p "$port" -T b -T v)
     ;;
   no-listener) ;;
   *)
