@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs rdma-core's tests/run_tests.py unchanged, with three additions.
+"""Runs rdma-core's tests/run_tests.py unchanged, with four additions.
 
 - Known failures: tests listed in a known-failures file still run. When one fails the
   way the file expects, it is reported as skipped ("known failure: REASON"). When
@@ -8,8 +8,12 @@
 - A summary after unittest's output: counts, then the id of every failure and error.
 - The seed of Python's `random`, which the suite uses for QP capabilities, create flags,
   PSNs and the GID it picks: printed, and settable, so that a run can be repeated.
+- An IP address for the rdma_cm tests (127.0.0.1, or --cm-addr ADDR). RDMACMBaseTest takes
+  the device's address from its netdev, /sys/class/infiniband/DEV/device/net/, and skips
+  without one; a device without a kernel driver has no such entry. See
+  give_cm_tests_an_address.
 
-Usage: suite.py [--seed N] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]
+Usage: suite.py [--seed N] [--cm-addr ADDR] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]
 A known-failures file holds one test per line, three fields separated by ' | ': the full
 test id, a regular expression that its failure ("ExceptionType: message") must match, and
 the reason. '#' starts a comment.
@@ -23,6 +27,7 @@ import sys
 import unittest
 
 KNOWN_FAILURE = 'known failure: '
+DEFAULT_CM_ADDR = '127.0.0.1'
 
 
 def usage_error(message):
@@ -51,19 +56,23 @@ def read_known_failures(path):
 def parse_args(argv):
     known = {}
     seed = None
-    while argv and argv[0] in ('--known-failures', '--seed'):
+    cm_addr = DEFAULT_CM_ADDR
+    while argv and argv[0] in ('--known-failures', '--seed', '--cm-addr'):
         if len(argv) < 2:
             usage_error(f'{argv[0]} needs a value')
         if argv[0] == '--seed':
             if not argv[1].isdigit():
                 usage_error(f'--seed wants a number, not "{argv[1]}"')
             seed = int(argv[1])
+        elif argv[0] == '--cm-addr':
+            cm_addr = argv[1]
         else:
             known.update(read_known_failures(argv[1]))
         argv = argv[2:]
     if not argv:
-        usage_error('usage: suite.py [--seed N] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]')
-    return seed, known, argv[0], argv[1:]
+        usage_error('usage: suite.py [--seed N] [--cm-addr ADDR] [--known-failures FILE]... '
+                    'RUN_TESTS_PY [ARGS...]')
+    return seed, cm_addr, known, argv[0], argv[1:]
 
 
 def test_cases(suite):
@@ -91,6 +100,39 @@ def expect_failure(test, pattern, reason):
                              'known-failures file')
 
     setattr(test, test._testMethodName, known_failure)
+
+
+def give_cm_tests_an_address(cm_addr):
+    """Lets the rdma_cm tests find an IP address for a device that has no netdev.
+
+    rdma-core's RDMATestCase._get_ip_mac (tests/base.py) looks for the device's netdev in
+    /sys/class/infiniband/DEV/device/net/ and reads its first address with `ip -j addr
+    show`. Without that directory it records no address, and RDMACMBaseTest.setUp skips
+    every rdma_cm test ("Device softverbs0 doesn't have net interface"). Only a device
+    that a kernel driver registered has the entry, so softverbs never will. Here, and only
+    for RDMACMBaseTest and its subclasses, a device without the entry gets cm_addr (by
+    default 127.0.0.1, which softverbs0 has as GID 0); a device with the entry goes through
+    the original code. The MAC stays unknown (None), as the original leaves it when the
+    netdev has no address; only mlx5 tests read it. The files on disk stay as shipped: this
+    patches the loaded class, before any test runs, and the forked passive and active
+    processes of each test inherit it.
+    """
+    base = sys.modules.get('tests.base')
+    if base is None:
+        return  # the suite's modules were not loaded (--list-tests, or an import error)
+    original = getattr(getattr(base, 'RDMATestCase', None), '_get_ip_mac', None)
+    if not hasattr(base, 'RDMACMBaseTest') or original is None:
+        print('suite.py: tests/base.py has no RDMACMBaseTest or RDMATestCase._get_ip_mac; '
+              'the rdma_cm tests get no address and skip without a netdev', file=sys.stderr)
+        return
+
+    def _get_ip_mac(self, dev, port, idx):
+        if os.path.exists(f'/sys/class/infiniband/{dev}/device/net/'):
+            return original(self, dev, port, idx)
+        self.args.append([dev, port, idx, cm_addr, None])
+        return None
+
+    base.RDMACMBaseTest._get_ip_mac = _get_ip_mac
 
 
 def print_summary(result):
@@ -123,19 +165,22 @@ def loaded_libibverbs():
 
 
 def main():
-    seed, known, run_tests, args = parse_args(sys.argv[1:])
+    seed, cm_addr, known, run_tests, args = parse_args(sys.argv[1:])
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     random.seed(seed)
     import pyverbs.device  # loads libibverbs.so.1, as the suite will
     print(f'pyverbs: {os.path.dirname(pyverbs.device.__file__)}')
     print(f'libibverbs: {loaded_libibverbs()}')
-    print(f'random seed: {seed} (repeat this run with --seed {seed})', flush=True)
+    print(f'random seed: {seed} (repeat this run with --seed {seed})')
+    print(f'rdma_cm tests: address {cm_addr} for a device without a netdev', flush=True)
 
     results = []
     original_run = unittest.TextTestRunner.run
 
     def run(runner, suite):
+        # Every test module is imported by now (the suite's tests/__init__.py does it).
+        give_cm_tests_an_address(cm_addr)
         for test in test_cases(suite):
             if test.id() in known:
                 expect_failure(test, *known[test.id()])
