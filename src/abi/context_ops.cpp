@@ -89,15 +89,17 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   return 0;
 }
 
-// The extended create: what the plain one can do (a PD, no creation flags). Send-ops
-// flags (ibv_wr_*), XRC, RSS and the rest are not implemented.
+// The extended create: what the plain one can do (a PD), plus the one creation flag we
+// honour, BLOCK_SELF_MCAST_LB. Send-ops flags (ibv_wr_*), XRC, RSS and the rest are not
+// implemented.
 ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   if (!ex || !(ex->comp_mask & IBV_QP_INIT_ATTR_PD)) {
     errno = EINVAL;
     return nullptr;
   }
   if ((ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
-      ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags)) {
+      ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+       (ex->create_flags & ~IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -115,7 +117,11 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   attr.qp_type = ex->qp_type;
   attr.sq_sig_all = ex->sq_sig_all;
   ibv_qp* qp = create_qp(pd, &attr);
-  if (qp) ex->cap = attr.cap;
+  if (!qp) return nullptr;
+  ex->cap = attr.cap;
+  if ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+      (ex->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))
+    Qp::from(qp)->block_self_mcast = true;
   return qp;
 }
 

@@ -283,8 +283,15 @@ int ibv_resolve_eth_l2_from_gid(struct ibv_context*, struct ibv_ah_attr*, uint8_
   return EOPNOTSUPP;  // no Ethernet L2 behind a soft device
 }
 
-int ibv_attach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-int ibv_detach_mcast(struct ibv_qp*, const union ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+int ibv_attach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t lid) {
+  Qp* q = Qp::from(qp);
+  return q ? attach_mcast(q, gid, lid) : EINVAL;
+}
+
+int ibv_detach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t lid) {
+  Qp* q = Qp::from(qp);
+  return q ? detach_mcast(q, gid, lid) : EINVAL;
+}
 
 // ---- Completion channels and CQs ---------------------------------------------------------
 

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "cm/protocol.hpp"
 #include "verbs/event_queue.hpp"
@@ -94,6 +95,13 @@ struct Id {
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
   ibv_sa_path_rec path{};     // route.path_rec points here once the route is resolved
+  // Multicast groups joined (rdma_join_multicast), each attached to the QP unless send-only.
+  struct Group {
+    sockaddr_storage addr;
+    ibv_gid mgid;
+    bool attached;
+  };
+  std::vector<Group> groups;
   // Events handed out and not acked yet (destroy waits for 0). Atomic: counted under the
   // channel's queue lock, which is taken after g_mu, never before.
   std::atomic<int> unacked{0};
@@ -113,6 +121,11 @@ enum ibv_mtu device_mtu();
 int gid_index_of(const sockaddr* addr);
 bool gid_at(int index, ibv_gid* out);
 uint16_t port_of(const sockaddr* addr);  // host order
+// A multicast IP address (224.0.0.0/4, ff00::/8), and the GID of its group on RoCE v2
+// (IPv4-mapped for IPv4, the address itself for IPv6).
+bool is_multicast_addr(const sockaddr* addr);
+ibv_gid multicast_gid(const sockaddr* addr);
+bool same_ip(const sockaddr* a, const sockaddr* b);
 void set_port(sockaddr_storage* addr, uint16_t port);
 socklen_t addr_len(const sockaddr* addr);
 
@@ -130,6 +143,9 @@ int disconnect_locked(Id* id);
 int init_qp_locked(Id* id, ibv_qp* qp);
 int qp_attr_locked(Id* id, ibv_qp_attr* attr, int* mask);
 void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m = nullptr);
+// The parts of queue_event, for events not built from a message (MULTICAST_JOIN).
+Event* new_event(Id* id, rdma_cm_event_type type, int status);
+void push_event(Id* id, Event* e);
 // Stops watching and closes the id's socket; queued events of the id are dropped.
 void detach_locked(Id* id);
 // Blocks until every event handed out for id is acked (without g_mu).

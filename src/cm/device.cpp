@@ -107,6 +107,32 @@ bool gid_at(int index, ibv_gid* out) {
   return s.ctx && ibv_query_gid(s.ctx, 1, index, out) == 0;
 }
 
+bool is_multicast_addr(const sockaddr* addr) {
+  if (!addr) return false;
+  if (addr->sa_family == AF_INET)
+    return IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr));
+  if (addr->sa_family == AF_INET6)
+    return IN6_IS_ADDR_MULTICAST(&reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr);
+  return false;
+}
+
+ibv_gid multicast_gid(const sockaddr* addr) {
+  ibv_gid gid;
+  gid_of(addr, &gid);
+  return gid;
+}
+
+bool same_ip(const sockaddr* a, const sockaddr* b) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+  if (a->sa_family == AF_INET6)
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, 16) == 0;
+  return false;
+}
+
 uint16_t port_of(const sockaddr* addr) {
   if (addr->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(addr)->sin_port);
   if (addr->sa_family == AF_INET6)

@@ -164,6 +164,9 @@ int rdma_destroy_id(rdma_cm_id* raw) {
       ack_event(reinterpret_cast<Event*>(id->id.event));
       id->id.event = nullptr;
     }
+    for (const Id::Group& g : id->groups)  // groups are left with the id
+      if (g.attached && id->id.qp) ibv_detach_mcast(id->id.qp, &g.mgid, 0);
+    id->groups.clear();
     detach_locked(id);
   }
   wait_acked(id);
@@ -213,6 +216,8 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       std::memcpy(&id->id.route.addr.dst_storage, dst, addr_len(dst));
       int index = gid_index_of(dst);
       if (index == -2) index = 0;  // connecting to "any" reaches this host
+      // A multicast group is reached through our own port.
+      if (is_multicast_addr(dst)) index = id->id.verbs ? id->sgid_index : 0;
       if (index < 0) {
         // Not an address of this host: no other host is reachable yet.
         queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -EHOSTUNREACH);
@@ -615,18 +620,72 @@ void rdma_destroy_srq(rdma_cm_id* raw) {
   id->id.srq = nullptr;
 }
 
-// Multicast needs UD multicast groups in the verbs layer, which softverbs does not have yet
-// (docs/rdma-cm.md lists it as not implemented).
-int rdma_join_multicast(rdma_cm_id* raw, sockaddr* addr, void* context) {
-  return checked(raw) ? fail(ENOSYS) : -1;
+int rdma_join_multicast_ex(rdma_cm_id* raw, rdma_cm_join_mc_attr_ex* attr, void* context) {
+  Id* id = checked(raw);
+  if (!id) return -1;
+  if (!attr || !(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) ||
+      (attr->comp_mask & ~(RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS)))
+    return fail(EINVAL);
+  uint32_t flags = (attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS)
+                       ? attr->join_flags
+                       : static_cast<uint32_t>(RDMA_MC_JOIN_FLAG_FULLMEMBER);
+  if (flags != RDMA_MC_JOIN_FLAG_FULLMEMBER && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
+    return fail(EINVAL);
+  const sockaddr* addr = attr->addr;
+  if (!is_multicast_addr(addr)) return fail(EINVAL);
+  std::lock_guard<std::mutex> lock(g_mu);
+  // rdma_join_multicast(3): a UD id, bound to the device (bind_addr or resolve_addr).
+  if (id->id.qp_type != IBV_QPT_UD || !id->id.verbs) return fail(EINVAL);
+  for (const Id::Group& g : id->groups)
+    if (same_ip(reinterpret_cast<const sockaddr*>(&g.addr), addr)) return fail(EADDRINUSE);
+  Id::Group g{};
+  std::memcpy(&g.addr, addr, addr_len(addr));
+  g.mgid = multicast_gid(addr);
+  // A send-only member sends to the group without receiving from it.
+  if (flags == RDMA_MC_JOIN_FLAG_FULLMEMBER && id->id.qp) {
+    if (int err = ibv_attach_mcast(id->id.qp, &g.mgid, 0)) return fail(err);
+    g.attached = true;
+  }
+  id->groups.push_back(g);
+  // MULTICAST_JOIN carries what a sender needs: the group's address vector, the QPN
+  // 0xFFFFFF and the qkey, and the join's context as private_data.
+  Event* e = new_event(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0);
+  if (e) {
+    rdma_ud_param& ud = e->ev.param.ud;
+    ud.private_data = context;
+    ud.ah_attr.is_global = 1;
+    ud.ah_attr.grh.dgid = g.mgid;
+    ud.ah_attr.grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
+    ud.ah_attr.grh.hop_limit = 64;
+    ud.ah_attr.grh.traffic_class = id->tos;
+    ud.ah_attr.port_num = 1;
+    ud.qp_num = 0xffffff;
+    ud.qkey = RDMA_UDP_QKEY;
+  }
+  push_event(id, e);
+  return 0;
 }
 
-int rdma_join_multicast_ex(rdma_cm_id* raw, rdma_cm_join_mc_attr_ex* attr, void* context) {
-  return checked(raw) ? fail(ENOSYS) : -1;
+int rdma_join_multicast(rdma_cm_id* raw, sockaddr* addr, void* context) {
+  rdma_cm_join_mc_attr_ex attr{};
+  attr.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+  attr.join_flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+  attr.addr = addr;
+  return rdma_join_multicast_ex(raw, &attr, context);
 }
 
 int rdma_leave_multicast(rdma_cm_id* raw, sockaddr* addr) {
-  return checked(raw) ? fail(EADDRNOTAVAIL) : -1;
+  Id* id = checked(raw);
+  if (!id) return -1;
+  if (!addr) return fail(EINVAL);
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto it = id->groups.begin(); it != id->groups.end(); ++it) {
+    if (!same_ip(reinterpret_cast<const sockaddr*>(&it->addr), addr)) continue;
+    if (it->attached && id->id.qp) ibv_detach_mcast(id->id.qp, &it->mgid, 0);
+    id->groups.erase(it);
+    return 0;
+  }
+  return fail(EADDRNOTAVAIL);
 }
 
 int rdma_set_local_ece(rdma_cm_id* raw, ibv_ece* ece) {

@@ -778,15 +778,30 @@ int init_qp_locked(Id* id, ibv_qp* qp) {
   return err;
 }
 
-void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
+Event* new_event(Id* id, rdma_cm_event_type type, int status) {
   auto* e = new (std::nothrow) Event{};
-  if (!e) return;  // nothing sensible left to do: the application sees no event
+  if (!e) return nullptr;  // nothing sensible left to do: the application sees no event
   e->magic = kEventMagic;
   e->owner = id;
+  e->ev.id = &id->id;
+  e->ev.event = type;
+  e->ev.status = status;
+  return e;
+}
+
+void push_event(Id* id, Event* e) {
+  if (!e) return;
+  if (id->channel->destroyed) {  // nobody can read it any more
+    delete e;
+    return;
+  }
+  id->channel->events.push(e);
+}
+
+void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
+  Event* e = new_event(id, type, status);
+  if (!e) return;
   rdma_cm_event& ev = e->ev;
-  ev.id = &id->id;
-  ev.event = type;
-  ev.status = status;
   if (type == RDMA_CM_EVENT_CONNECT_REQUEST && id->listener) ev.listen_id = &id->listener->id;
   if (m) {
     // Private data arrives in IB CM's fixed-size fields: the receiver sees all of it.
@@ -818,11 +833,7 @@ void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
       ev.param.conn.qp_num = m->qpn;
     }
   }
-  if (id->channel->destroyed) {  // nobody can read it any more
-    delete e;
-    return;
-  }
-  id->channel->events.push(e);
+  push_event(id, e);
 }
 
 void detach_locked(Id* id) {

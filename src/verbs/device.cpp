@@ -136,6 +136,9 @@ void Device::fill_device_attr(ibv_device_attr* a) const {
   a->max_srq = Limits::max_srq;
   a->max_srq_wr = Limits::max_srq_wr;
   a->max_srq_sge = Limits::max_sge;
+  a->max_mcast_grp = Limits::max_mcast_grp;
+  a->max_mcast_qp_attach = Limits::max_mcast_qp_attach;
+  a->max_total_mcast_qp_attach = Limits::max_mcast_grp * Limits::max_mcast_qp_attach;
   a->max_pkeys = 1;
   a->local_ca_ack_delay = 15;
   a->phys_port_cnt = kPortCount;

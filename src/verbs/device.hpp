@@ -24,6 +24,8 @@ struct Limits {
   static constexpr int max_qp_wr = 1 << 14;
   static constexpr int max_sge = 32;
   static constexpr int max_inline = 1024;
+  static constexpr int max_mcast_grp = 1024;          // groups per QP (and per device)
+  static constexpr int max_mcast_qp_attach = 1024;    // QPs per group
   static constexpr int max_cq = 1 << 16;
   static constexpr int max_cqe = (1 << 20) - 1;
   static constexpr int max_mr = 1 << 20;

@@ -208,6 +208,8 @@ struct Qp {
   // Attributes set by ibv_modify_qp; under attr_mu (the data path copies what it needs).
   std::mutex attr_mu;
   ibv_qp_attr attr{};
+  std::vector<ibv_gid> mcast_groups;  // under attr_mu: multicast groups attached (UD)
+  bool block_self_mcast = false;      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
   std::atomic<int> state{IBV_QPS_RESET};
 
   std::mutex sq_mu;  // lock order: a QP's sq_mu before any rq lock; never two sq_mu

@@ -10,6 +10,7 @@
 #include "engine/engine.hpp"
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
+#include "wire/mcast.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs {
@@ -361,7 +362,38 @@ int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
   return 0;
 }
 
+int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
+  (void)lid;  // RoCE: groups are named by GID alone
+  if (!gid || qp->type != IBV_QPT_UD || !wire::is_multicast_gid(*gid)) return EINVAL;
+  std::lock_guard<std::mutex> lock(qp->attr_mu);
+  for (const ibv_gid& g : qp->mcast_groups)
+    if (std::memcmp(g.raw, gid->raw, 16) == 0) return 0;  // already a member
+  if (qp->mcast_groups.size() >= static_cast<size_t>(Limits::max_mcast_grp)) return ENOMEM;
+  if (int err = wire::mcast_attach(*gid, qp->qpn())) return err;
+  qp->mcast_groups.push_back(*gid);
+  return 0;
+}
+
+int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
+  (void)lid;
+  if (!gid) return EINVAL;
+  std::lock_guard<std::mutex> lock(qp->attr_mu);
+  auto& v = qp->mcast_groups;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (std::memcmp(it->raw, gid->raw, 16) != 0) continue;
+    v.erase(it);
+    return wire::mcast_detach(*gid, qp->qpn());
+  }
+  return EINVAL;
+}
+
 int destroy_qp(Qp* qp) {
+  {
+    // A destroyed QP leaves its groups, as the kernel detaches it.
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    for (const ibv_gid& g : qp->mcast_groups) wire::mcast_detach(g, qp->qpn());
+    qp->mcast_groups.clear();
+  }
   {
     std::lock_guard<std::mutex> lock(qp->ctx->objects_mu);
     qp->ctx->qps.erase(qp);

@@ -84,6 +84,9 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask);
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int destroy_qp(Qp* qp);
+// ibv_attach_mcast / ibv_detach_mcast: 0 or an errno value.
+int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
+int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Checks an ibv_modify_qp attribute mask against the IBA transition table (EINVAL if wrong).

@@ -9,6 +9,7 @@
 #include "verbs/device.hpp"
 #include "verbs/objects.hpp"
 #include "wire/agent.hpp"
+#include "wire/mcast.hpp"
 #include "wire/registry.hpp"
 #include "wire/transport.hpp"
 
@@ -68,14 +69,9 @@ class HostTransport final : public Transport {
   }
 
   Reply deliver(const ibv_gid& dgid, const Request& req) override {
+    if (req.type == IBV_QPT_UD && is_multicast_gid(dgid)) return deliver_to_group(dgid, req);
     if (!Device::instance().is_local_gid(dgid)) return {Reply::NoResponse};  // other hosts: later
-    int slot = slot_of_qpn(req.dst_qpn);
-    if (slot == my_slot()) {
-      QpRef target = find_local(req.dst_qpn);
-      if (!target || !hooks_.respond) return {Reply::NoResponse};
-      return hooks_.respond(req, target.get());
-    }
-    return agent_call(slot, req);
+    return deliver_to(req);
   }
 
   void kick(uint32_t qpn) override {
@@ -85,6 +81,32 @@ class HostTransport final : public Transport {
       return;
     }
     agent_kick(slot, qpn);
+  }
+
+ private:
+  Reply deliver_to(const Request& req) {
+    int slot = slot_of_qpn(req.dst_qpn);
+    if (slot == my_slot()) {
+      QpRef target = find_local(req.dst_qpn);
+      if (!target || !hooks_.respond) return {Reply::NoResponse};
+      return hooks_.respond(req, target.get());
+    }
+    return agent_call(slot, req);
+  }
+
+  // A UD send to a multicast GID: a copy for every QP attached to the group now, the
+  // sender's own included unless it was created with BLOCK_SELF_MCAST_LB. As on a fabric,
+  // a member without a receive posted just misses it; the sender sees no difference.
+  Reply deliver_to_group(const ibv_gid& dgid, const Request& req) {
+    bool skip_self = false;
+    if (QpRef self = find_local(req.src_qpn)) skip_self = self->block_self_mcast;
+    for (uint32_t qpn : mcast_members(dgid)) {
+      if (qpn == req.src_qpn && skip_self) continue;
+      Request copy = req;
+      copy.dst_qpn = qpn;
+      deliver_to(copy);
+    }
+    return {Reply::Ack};
   }
 
  private:

@@ -4,7 +4,8 @@
 #   cm.sh SOFTVERBS PORT LIMIT CASE
 # CASE: rping, rping-q (the application makes its own QP), ucmatose (4 connections),
 # ucmatose-migrate (rdma_migrate_id to a new channel, TOS and ACK timeout options), udaddy,
-# rdma_server, rdma_xserver, cmtime, rstream, or no-listener (a client alone: REJECTED fast).
+# rdma_server, rdma_xserver, cmtime, rstream, mckey (a multicast receiver and a sender), or
+# no-listener (a client alone: REJECTED fast).
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/pair.sh"
@@ -55,6 +56,13 @@ case $case_name in
     # which crawls on a loaded 2-CPU machine.
     server=("${sv[@]}" rstream -p "$port" -T b -T v)
     client=("${sv[@]}" rstream -s 127.0.0.1 -p "$port" -T b -T v)
+    ;;
+  mckey)
+    # The receiver joins 230.1.2.3 first (it is ready once attached); the sender joins as a
+    # full member too, with a QP that blocks its own multicast loopback (mckey's default).
+    PAIR_READY=mcast
+    server=("${sv[@]}" mckey -m 230.1.2.3 -C "$count")
+    client=("${sv[@]}" mckey -m 230.1.2.3 -s -C "$count")
     ;;
   no-listener) ;;
   *)
@@ -107,6 +115,16 @@ case $case_name in
     check "client exited 0" '((cli_rc == 0))'
     check "server ended with 0" "side_has srv ': end 0\$'"
     check "client ended with 0" "side_has cli ': end 0\$'"
+    ;;
+  mckey)
+    check "receiver exited 0" '((srv_rc == 0))'
+    check "sender exited 0" '((cli_rc == 0))'
+    for side in srv cli; do
+      check "$side: joined the group's GID" "side_has $side '^mckey: joined dgid: ::ffff:230\.1\.2\.3 '"
+      check "$side: return status 0" "side_has $side '^return status 0'"
+    done
+    check "receiver got all $count messages" \
+      "side_has srv '^receiving data transfers' && side_has srv '^data transfers complete'"
     ;;
   cmtime)
     check "client exited 0" '((cli_rc == 0))'

@@ -62,12 +62,14 @@ print(f"{h:016x}")' "$SOFTVERBS_STATE_DIR")
 }
 
 # pair_ready PORT: the server is ready for its client. PAIR_READY says how to tell: tcp (a
-# TCP listener, the default), cm-tcp or cm-udp (an rdma_cm listener in that port space).
+# TCP listener, the default), cm-tcp or cm-udp (an rdma_cm listener in that port space),
+# mcast (some QP of this state directory is attached to a multicast group).
 PAIR_READY=${PAIR_READY:-tcp}
 pair_ready() {
   case $PAIR_READY in
     cm-tcp) cm_listening "$1" 106 ;;
     cm-udp) cm_listening "$1" 111 ;;
+    mcast) compgen -G "$SOFTVERBS_STATE_DIR/mcast/*.??????" >/dev/null ;;
     *) listening "$1" ;;
   esac
 }
