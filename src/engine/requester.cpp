@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -12,6 +13,8 @@
 #include "verbs/errors.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/agent.hpp"
+#include "wire/arena.hpp"
+#include "wire/mr_shm.hpp"
 #include "wire/registry.hpp"
 #include "wire/transport.hpp"
 #include "wire/window.hpp"
@@ -92,6 +95,8 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw = {hdr, cq, table, reinterpret_cast<wire::WindowSlot*>(base + slots_at),
         reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader)), rq_cap, slot, pid,
         dst_qpn, 0, cross_memory, wake_fd};
+  pw.mr = arena.mr;
+  pw.mr_fd = arena.mr_fd;
   return &pw;
 }
 
@@ -145,37 +150,92 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
 }
 
+// What a peer's responder would check before letting `need` at [remote_addr, +len) of the
+// MR named by rkey, read from what it publishes: its QP's access, the MR table entry (key,
+// PD, access, range). The entry's fields, read between two looks at its key, go to *out.
+bool peer_allows(Qp::PeerWindow* pw, const SendWqe& w, unsigned need, uint64_t len,
+                 wire::MrShared* out) {
+  wire::WindowHeader* hdr = pw->hdr;
+  if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
+  if (need != IBV_ACCESS_REMOTE_WRITE && hdr->max_dest_rd_atomic == 0) return false;
+  uint32_t index = w.rkey >> 8;
+  if (index == 0 || index >= wire::kMrTableCap) return false;
+  const wire::MrShared& e = pw->mr_table[index];
+  if (e.key.load(std::memory_order_acquire) != w.rkey) return false;
+  out->access = e.access;
+  out->pd_token = e.pd_token;
+  out->iova = e.iova;
+  out->length = e.length;
+  out->addr = e.addr;
+  out->shm = e.shm;
+  out->shm_length = e.shm_length;
+  if (e.key.load(std::memory_order_acquire) != w.rkey) return false;  // changed meanwhile
+  if (out->pd_token != hdr->pd_token || (out->access & need) != need) return false;
+  uint64_t iova = out->iova, length = out->length;
+  return w.remote_addr >= iova && len <= length && w.remote_addr - iova <= length - len;
+}
+
+// The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
+// mapped (decision 0005); nullptr otherwise.
+char* shared_bytes(Qp::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
+  if (!pw->mr || e.shm < wire::kMrShmFirst) return nullptr;
+  uint64_t at = remote_addr - e.iova;  // within the MR (checked by peer_allows)
+  if (at > e.shm_length || len > e.shm_length - at) return nullptr;  // reaches the private tail
+  return wire::peer_mr_span(pw->mr, pw->mr_fd, e.shm + at, len, &pw->mr_known);
+}
+
 // RDMA WRITE / READ to a connected QP of another process, straight into / out of its
-// memory with cross-memory attach after the checks its responder would make (QP access,
-// rkey, PD, range, MR access) against what it publishes. Any doubt: nullopt, and the agent
-// path answers exactly (errors, a target that went away).
+// memory after the checks its responder would make: with plain loads and stores when the
+// MR's pages are shared with us, else with cross-memory attach. Any doubt: nullopt, and the
+// agent path answers exactly (errors, a target that went away).
 std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
                                    uint32_t dst_qpn) {
   uint64_t len = w.total_length;
   if (len == 0) return std::nullopt;
   Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
-  if (!pw || !pw->mr_table || !pw->cross_memory) return std::nullopt;
-  wire::WindowHeader* hdr = pw->hdr;
+  if (!pw) return std::nullopt;
   bool write = w.opcode == IBV_WR_RDMA_WRITE;
-  unsigned need = write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
-  if (!(hdr->qp_access.load(std::memory_order_acquire) & need)) return std::nullopt;
-  if (!write && hdr->max_dest_rd_atomic == 0) return std::nullopt;
-  uint32_t index = w.rkey >> 8;
-  if (index == 0 || index >= wire::kMrTableCap) return std::nullopt;
-  const wire::MrShared& e = pw->mr_table[index];
-  if (e.key.load(std::memory_order_acquire) != w.rkey) return std::nullopt;
-  uint32_t access = e.access;
-  uint64_t pd = e.pd_token, iova = e.iova, length = e.length, addr = e.addr;
-  if (e.key.load(std::memory_order_acquire) != w.rkey) return std::nullopt;  // changed meanwhile
-  if (pd != hdr->pd_token || (access & need) != need) return std::nullopt;
-  if (w.remote_addr < iova || len > length || w.remote_addr - iova > length - len)
+  wire::MrShared e;
+  if (!peer_allows(pw, w, write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ, len, &e))
     return std::nullopt;
-  iovec remote{reinterpret_cast<void*>(addr + (w.remote_addr - iova)), len};
-  ssize_t done = write ? process_vm_writev(pw->pid, local, nlocal, &remote, 1, 0)
-                       : process_vm_readv(pw->pid, local, nlocal, &remote, 1, 0);
-  if (done == static_cast<ssize_t>(len)) return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
-  if (done < 0 && errno == EPERM) pw->cross_memory = false;
+  Outcome done{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+  if (char* remote = shared_bytes(pw, e, w.remote_addr, len)) {
+    iovec there{remote, len};
+    if (write) wire::copy_local(&there, 1, local, nlocal, len);
+    else wire::copy_local(local, nlocal, &there, 1, len);
+    return done;
+  }
+  if (!pw->cross_memory) return std::nullopt;
+  iovec remote{reinterpret_cast<void*>(e.addr + (w.remote_addr - e.iova)), len};
+  ssize_t n = write ? process_vm_writev(pw->pid, local, nlocal, &remote, 1, 0)
+                    : process_vm_readv(pw->pid, local, nlocal, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(len)) return done;
+  if (n < 0 && errno == EPERM) pw->cross_memory = false;
   return std::nullopt;
+}
+
+// An atomic on a connected QP of another process whose MR's pages are shared with us: a CPU
+// atomic on the shared line, as the target's own agent would run it. Misaligned addresses
+// and everything else go to the agent path, which answers exactly.
+std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                                     uint32_t dst_qpn) {
+  if (w.remote_addr % 8 || nlocal != 1 || local[0].iov_len != 8) return std::nullopt;
+  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  if (!pw) return std::nullopt;
+  wire::MrShared e;
+  if (!peer_allows(pw, w, IBV_ACCESS_REMOTE_ATOMIC, 8, &e)) return std::nullopt;
+  char* remote = shared_bytes(pw, e, w.remote_addr, 8);
+  if (!remote) return std::nullopt;
+  auto* word = reinterpret_cast<uint64_t*>(remote);
+  uint64_t old;
+  if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    old = w.compare_add;
+    __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } else {
+    old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
+  }
+  std::memcpy(local[0].iov_base, &old, 8);
+  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
 }
 
 // Executes the head WQE once: resolves the local buffers, then lets the responder act on
@@ -233,6 +293,9 @@ Outcome execute(Qp* qp, const SendWqe& w) {
         if (auto o = send_through_window(qp, w, local, nlocal, req.dst_qpn)) return *o;
       } else if (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_READ) {
         if (auto o = rdma_direct(qp, w, local, nlocal, req.dst_qpn)) return *o;
+      } else if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+                 w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+        if (auto o = atomic_direct(qp, w, local, nlocal, req.dst_qpn)) return *o;
       }
     }
   }

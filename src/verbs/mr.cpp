@@ -5,6 +5,7 @@
 #include "verbs/device.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/arena.hpp"
+#include "wire/mr_shm.hpp"
 
 namespace softverbs {
 
@@ -15,6 +16,11 @@ constexpr unsigned kAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRI
                                   IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
 // Bits 20..29 are optional (e.g. RELAXED_ORDERING): a device may ignore them.
 constexpr unsigned kAccessOptional = 0x3ff00000u;
+
+// Only memory a peer may write, read or update needs to be where peers can reach it.
+bool peers_may_access(unsigned access) {
+  return access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+}
 
 int check_access(unsigned access) {
   access &= ~kAccessOptional;
@@ -90,6 +96,8 @@ void MrTable::write_shared_entry(const Mr* mr) {
   e.iova = mr->iova;
   e.length = mr->length;
   e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr);
+  e.shm = mr->shm;
+  e.shm_length = mr->shm_length;
   e.key.store(mr->ibv.lkey, std::memory_order_release);
 }
 
@@ -153,6 +161,9 @@ ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access
   mr->ibv.pd = &pd->ibv;
   mr->ibv.addr = addr;
   mr->ibv.length = length;
+  size_t shared = 0;
+  mr->shm = peers_may_access(mr->access) ? wire::mr_shm_acquire(addr, length, &shared) : 0;
+  mr->shm_length = shared;
   uint32_t key = MrTable::instance().insert(mr);
   mr->ibv.handle = key;
   mr->ibv.lkey = key;
@@ -172,6 +183,9 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
     return IBV_REREG_MR_ERR_INPUT;
   if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
   std::unique_lock lock(MrTable::instance().lock());
+  // The pages moved for the old translation or access go back; the new ones move if they may.
+  if (mr->shm) wire::mr_shm_release(mr->ibv.addr, mr->length);
+  mr->shm = mr->shm_length = 0;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     mr->ibv.addr = addr;
     mr->ibv.length = length;
@@ -186,6 +200,11 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
     mr->ibv.pd = &pd->ibv;
     pd->users++;
   }
+  if (peers_may_access(mr->access)) {
+    size_t shared = 0;
+    mr->shm = wire::mr_shm_acquire(mr->ibv.addr, mr->length, &shared);
+    mr->shm_length = shared;
+  }
   lock.unlock();
   MrTable::instance().publish(mr);
   return 0;
@@ -193,6 +212,7 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
 
 int dereg_mr(Mr* mr) {
   MrTable::instance().erase(mr->ibv.lkey);  // waits for in-flight operations (shared lock)
+  if (mr->shm) wire::mr_shm_release(mr->ibv.addr, mr->length);
   mr->pd->users--;
   mr->magic = kDead;
   delete mr;

@@ -74,6 +74,8 @@ struct Mr {
   uint64_t iova;    // address the remote side names (iova2)
   uint64_t length;
   unsigned access;
+  uint64_t shm = 0;  // offset of ibv.addr in the MR memfd when its pages were moved there
+  uint64_t shm_length = 0;  // bytes from ibv.addr on that were moved
   static Mr* from(ibv_mr* m);
 };
 
@@ -273,6 +275,9 @@ struct Qp {
     uint64_t posted = 0;  // receives the target had published when last read
     uint64_t head = 0;    // messages the target had consumed when last read
     bool resync = true;   // read rq_taken before the next message
+    char* mr = nullptr;    // the peer's MR memfd as mapped here (wire::PeerArena), or nullptr
+    int mr_fd = -1;        // owned by the arena cache
+    uint64_t mr_known = 0; // its size when last looked at
   } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }

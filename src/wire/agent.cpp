@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "verbs/device.hpp"
+#include "wire/mr_shm.hpp"
 #include "wire/registry.hpp"
 
 namespace softverbs::wire {
@@ -71,7 +72,7 @@ struct WireReply {
   uint32_t status;
   uint32_t rnr_timer;
   uint32_t byte_len;
-  uint32_t pad;
+  uint32_t fd_mask;  // which of the kMaxFds slots the attached descriptors fill, in order
   uint64_t value;  // kOpenWindow: the window's offset in the arena sent along (SCM_RIGHTS)
 };
 
@@ -165,25 +166,34 @@ struct Server {
   int listen_fd = -1;
 };
 
-constexpr int kMaxFds = 3;
+constexpr int kMaxFds = 4;
 
-// Sends a reply with file descriptors attached; the -1 entries are left out (the receiver
-// gets the others in order, so only trailing ones may be -1).
-bool send_with_fds(int sock, const WireReply& r, const int fds[kMaxFds]) {
+// Sends a reply with file descriptors attached; the -1 entries are left out and fd_mask
+// says which slots the others fill.
+bool send_with_fds(int sock, const WireReply& reply, const int fds[kMaxFds]) {
+  WireReply r = reply;
+  int present[kMaxFds];
   int n = 0;
-  while (n < kMaxFds && fds[n] >= 0) ++n;
-  iovec iov{const_cast<WireReply*>(&r), sizeof(r)};
+  r.fd_mask = 0;
+  for (int i = 0; i < kMaxFds; ++i) {
+    if (fds[i] < 0) continue;
+    r.fd_mask |= 1u << i;
+    present[n++] = fds[i];
+  }
+  iovec iov{&r, sizeof(r)};
   alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(n * sizeof(int));
-  std::memcpy(CMSG_DATA(c), fds, n * sizeof(int));
+  if (n > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(n * sizeof(int));
+    std::memcpy(CMSG_DATA(c), present, n * sizeof(int));
+  }
   return sendmsg(sock, &msg, MSG_NOSIGNAL) == sizeof(r);
 }
 
@@ -197,20 +207,22 @@ bool recv_with_fds(int sock, WireReply* r, int fds[kMaxFds]) {
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   for (int i = 0; i < kMaxFds; ++i) fds[i] = -1;
-  if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != sizeof(*r)) return false;
+  ssize_t got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  int slot = 0;  // next slot named by fd_mask
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < n; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (i < kMaxFds && fds[i] < 0)
-        fds[i] = fd;
+      while (got == sizeof(*r) && slot < kMaxFds && !(r->fd_mask & (1u << slot))) ++slot;
+      if (got == sizeof(*r) && slot < kMaxFds)
+        fds[slot++] = fd;
       else
-        close(fd);  // more than we asked for: not ours to keep
+        close(fd);  // more than the mask names (or a bad reply): not ours to keep
     }
   }
-  return true;
+  return got == sizeof(*r);
 }
 
 // Serves one message; returns false when the connection is gone (then it is closed).
@@ -244,7 +256,7 @@ bool serve_one(const Server& srv, int fd) {
       r.value = off;
       // The arena, its read-only published region, and the receive CQ's channel waker.
       int published = arena->published_fd();
-      int fds[kMaxFds] = {arena->fd(), published, published >= 0 ? wake : -1};
+      int fds[kMaxFds] = {arena->fd(), published, wake, mr_shm_fd()};
       send_with_fds(fd, r, fds);
     } else {
       (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
@@ -560,7 +572,7 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   }
   pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
-  int fds[kMaxFds] = {-1, -1, -1};
+  int fds[kMaxFds] = {-1, -1, -1, -1};
   auto close_fds = [&fds] {
     for (int f : fds)
       if (f >= 0) close(f);
@@ -577,7 +589,7 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
     close_fds();
     return 0;
   }
-  *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1]);
+  *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1], fds[3]);
   *wake_fd = fds[2];
   return arena->base ? r.value : 0;
 }

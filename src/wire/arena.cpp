@@ -5,11 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
 #include <mutex>
 #include <vector>
+
+#include "wire/mr_shm.hpp"
 
 namespace softverbs::wire {
 
@@ -124,20 +127,52 @@ char* map_whole(int fd, int prot, size_t* size) {
 }
 }  // namespace
 
-PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd) {
+// The peer's MR memfd, reserved at its largest size: only what the file holds may be
+// touched (PeerArena::mr_span); the shrink seal keeps that true once seen.
+void map_peer_mr(int fd, PeerArena* mapped) {
+  int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+  void* p = MAP_FAILED;
+  if (seals >= 0 && (seals & F_SEAL_SHRINK))
+    p = mmap(nullptr, kPeerMrReserve, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (p == MAP_FAILED) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  mapped->mr = static_cast<char*>(p);
+  mapped->mr_fd = fd;  // kept: fstat tells how far the file has grown
+}
+
+PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd, int mr_fd) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& cached = (*g_peers)[{slot, pid}];
   if (cached.base) {
     close(fd);
     if (published_fd >= 0) close(published_fd);
+    if (mr_fd >= 0) close(mr_fd);
     return cached;
   }
   PeerArena mapped;
   mapped.base = map_whole(fd, PROT_READ | PROT_WRITE, &mapped.size);
   mapped.published = map_whole(published_fd, PROT_READ, &mapped.published_size);
-  if (!mapped.base) return {};
+  if (!mapped.base) {
+    if (mr_fd >= 0) close(mr_fd);
+    return {};
+  }
+  map_peer_mr(mr_fd, &mapped);
   cached = mapped;
   return cached;
+}
+
+char* peer_mr_span(char* mr, int mr_fd, uint64_t offset, uint64_t bytes, uint64_t* known_size) {
+  if (!mr || offset < kMrShmFirst || offset > kPeerMrReserve || bytes > kPeerMrReserve - offset)
+    return nullptr;
+  if (offset + bytes > *known_size) {  // grown since we last looked?
+    struct stat st;
+    if (fstat(mr_fd, &st) != 0) return nullptr;
+    *known_size = std::min<uint64_t>(static_cast<uint64_t>(st.st_size), kPeerMrReserve);
+    if (offset + bytes > *known_size) return nullptr;
+  }
+  return mr + offset;
 }
 
 PeerArena find_peer_arena(int slot, pid_t pid) {

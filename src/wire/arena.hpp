@@ -44,12 +44,17 @@ class Arena {
   uint64_t published_next_ = 0;
 };
 
+// How much of a peer's MR memfd (wire/mr_shm.hpp) we reserve address space for.
+inline constexpr uint64_t kPeerMrReserve = uint64_t{64} << 30;
+
 // A peer's arena as mapped here (cached per process slot and pid).
 struct PeerArena {
   char* base = nullptr;
   size_t size = 0;
   const char* published = nullptr;  // mapped read-only
   size_t published_size = 0;
+  char* mr = nullptr;  // its MR memfd (kPeerMrReserve reserved), or nullptr
+  int mr_fd = -1;
   template <typename T>
   T* at(uint64_t offset, size_t bytes = sizeof(T)) const {
     if (!base || offset > size || bytes > size - offset || offset % alignof(T)) return nullptr;
@@ -64,9 +69,14 @@ struct PeerArena {
   }
 };
 
-// Maps (or finds the mapping of) the arena of the process in `slot`: `fd` read-write and
-// `published_fd` (may be -1) read-only. Takes both fds.
-PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd);
+// Maps (or finds the mapping of) the arena of the process in `slot`: `fd` read-write,
+// `published_fd` (may be -1) read-only, `mr_fd` (may be -1) its MR memfd. Takes the fds.
+PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd, int mr_fd);
 PeerArena find_peer_arena(int slot, pid_t pid);
+
+// Where [offset, offset + bytes) of a peer's MR memfd (mapped at `mr`) is here, or nullptr
+// when that is not inside the file; *known_size caches the file's size, refreshed with
+// fstat(mr_fd) when exceeded.
+char* peer_mr_span(char* mr, int mr_fd, uint64_t offset, uint64_t bytes, uint64_t* known_size);
 
 }  // namespace softverbs::wire

@@ -79,6 +79,8 @@ struct MrShared {
   uint64_t iova;
   uint64_t length;
   uint64_t addr;  // in the owner's address space
+  uint64_t shm;   // offset of addr in the owner's MR memfd (wire/mr_shm.hpp), 0: not there
+  uint64_t shm_length;  // bytes from addr on that are there (whole pages)
 };
 inline constexpr uint32_t kMrTableCap = 1u << 16;
 

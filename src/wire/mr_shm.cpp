@@ -1,0 +1,225 @@
+// Moving registered pages into the MR memfd and back (see mr_shm.hpp).
+#include "wire/mr_shm.hpp"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "wire/registry.hpp"
+
+namespace softverbs::wire {
+
+namespace {
+
+struct Region {
+  uintptr_t start;  // page-aligned, in our address space
+  size_t size;      // whole pages
+  uint64_t offset;  // in the memfd
+  int holds;        // registrations that use it
+};
+
+struct State {
+  std::mutex mu;
+  pid_t owner = 0;  // the process the memfd belongs to (a forked child makes its own)
+  int fd = -1;
+  uint64_t next = kMrShmFirst;  // offsets are never reused: a stale peer entry finds nothing
+  std::vector<Region> regions;
+  bool atfork = false;
+  int fork_pipe[2] = {-1, -1};  // the child says "copied" (see before_fork)
+};
+
+State& state() {
+  static State* s = new State;  // immortal: peers' requests may come during exit()
+  return *s;
+}
+
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// Is [start, start + size) one private, anonymous, writable mapping (not the stack)?
+bool private_anonymous(uintptr_t start, size_t size) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[512];
+  bool ok = false;
+  while (std::fgets(line, sizeof(line), f)) {
+    unsigned long lo, hi, off;
+    char perms[8] = {}, dev[16] = {};
+    unsigned long inode;
+    int name_at = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu %n", &lo, &hi, perms, &off, dev, &inode,
+                    &name_at) < 6)
+      continue;
+    if (start < lo || start >= hi) continue;
+    const char* name = line + name_at;
+    bool anonymous = inode == 0 && (name[0] == '\n' || name[0] == '\0' ||
+                                    std::strncmp(name, "[heap]", 6) == 0);
+    ok = anonymous && perms[0] == 'r' && perms[1] == 'w' && perms[3] == 'p' &&
+         start + size <= hi;
+    break;
+  }
+  std::fclose(f);
+  return ok;
+}
+
+// Replaces [start, start + size) with a mapping of `what` at the same address, keeping the
+// bytes: map it elsewhere, copy, then move it over the old pages (mremap replaces them in one
+// step, or changes nothing when it fails).
+bool swap_in(uintptr_t start, size_t size, int fd, uint64_t offset) {
+  void* fresh = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                               static_cast<off_t>(offset))
+                        : mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                               -1, 0);
+  if (fresh == MAP_FAILED) return false;
+  std::memcpy(fresh, reinterpret_cast<void*>(start), size);
+  void* moved = mremap(fresh, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start));
+  if (moved == MAP_FAILED) {
+    munmap(fresh, size);
+    return false;
+  }
+  return true;
+}
+
+// In a forked child the moved pages would be shared with the parent, where hardware gives a
+// child its own copy. The child makes private copies before anything else runs in it, and
+// the parent's forking thread waits for that (a pipe), so the copies are what the memory held
+// at fork time. The child gets a memfd of its own when it registers memory.
+void before_fork() {
+  State& s = state();
+  s.mu.lock();
+  s.fork_pipe[0] = s.fork_pipe[1] = -1;
+  if (!s.regions.empty() && pipe2(s.fork_pipe, O_CLOEXEC) != 0) s.fork_pipe[0] = s.fork_pipe[1] = -1;
+}
+
+void parent_after_fork() {
+  State& s = state();
+  if (s.fork_pipe[1] >= 0) {
+    close(s.fork_pipe[1]);
+    char done;
+    while (read(s.fork_pipe[0], &done, 1) < 0 && errno == EINTR) {
+    }
+    close(s.fork_pipe[0]);
+  }
+  s.mu.unlock();
+}
+
+void child_after_fork() {
+  State& s = state();
+  for (const Region& r : s.regions) swap_in(r.start, r.size, -1, 0);
+  s.regions.clear();
+  if (s.fd >= 0) close(s.fd);
+  s.fd = -1;
+  s.owner = 0;
+  s.next = kMrShmFirst;
+  if (s.fork_pipe[1] >= 0) {
+    char done = 1;
+    (void)!write(s.fork_pipe[1], &done, 1);
+    close(s.fork_pipe[1]);
+    close(s.fork_pipe[0]);
+  }
+  new (&s.mu) std::mutex;  // held by the parent's forking thread at fork time
+}
+
+bool open_locked(State& s) {
+  if (s.owner == self_pid() && s.fd >= 0) return true;
+  s.fd = memfd_create("softverbs-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (s.fd < 0) return false;
+  // Peers rely on every offset they were told about staying valid.
+  if (fcntl(s.fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    close(s.fd);
+    s.fd = -1;
+    return false;
+  }
+  s.owner = self_pid();
+  if (!s.atfork) {
+    s.atfork = true;
+    pthread_atfork(&before_fork, &parent_after_fork, &child_after_fork);
+  }
+  return true;
+}
+
+bool disabled() {
+  static const bool off = [] {
+    const char* v = std::getenv("SOFTVERBS_NO_SHARED_MR");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return off;
+}
+
+}  // namespace
+
+uint64_t mr_shm_acquire(void* addr, size_t length, size_t* shared) {
+  auto start = reinterpret_cast<uintptr_t>(addr);
+  size_t page = page_size();
+  *shared = 0;
+  // Whole pages of the region only: a partial last page also holds other objects, which
+  // other threads may be writing while we copy.
+  size_t size = length / page * page;
+  if (size == 0 || start % page || disabled()) return 0;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  // Already moved for another registration: it must lie wholly inside that region.
+  for (Region& r : s.regions) {
+    if (start + size <= r.start || start >= r.start + r.size) continue;
+    if (start < r.start || start + size > r.start + r.size) return 0;  // partial overlap
+    ++r.holds;
+    *shared = size;
+    return r.offset + (start - r.start);
+  }
+  if (!open_locked(s) || !private_anonymous(start, size)) return 0;
+  uint64_t offset = s.next;
+  if (ftruncate(s.fd, static_cast<off_t>(offset + size)) != 0) return 0;
+  if (!swap_in(start, size, s.fd, offset)) return 0;
+  s.next = offset + size;
+  s.regions.push_back({start, size, offset, 1});
+  *shared = size;
+  return offset;
+}
+
+void mr_shm_release(void* addr, size_t length) {
+  auto start = reinterpret_cast<uintptr_t>(addr);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto it = s.regions.begin(); it != s.regions.end(); ++it) {
+    if (start < it->start || start >= it->start + it->size) continue;
+    (void)length;
+    if (--it->holds > 0) return;
+    // Back to private memory (the application keeps using it after deregistering), unless
+    // it already unmapped it; then the memfd's pages are given back.
+    bool still_ours = false;
+    if (FILE* f = std::fopen("/proc/self/maps", "re")) {
+      char line[512];
+      while (std::fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (std::sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= it->start && it->start < hi) {
+          still_ours = std::strstr(line, "softverbs-mr") != nullptr;
+          break;
+        }
+      }
+      std::fclose(f);
+    }
+    if (still_ours) swap_in(it->start, it->size, -1, 0);
+    fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(it->offset),
+              static_cast<off_t>(it->size));
+    s.regions.erase(it);
+    return;
+  }
+}
+
+int mr_shm_fd() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return open_locked(s) ? s.fd : -1;
+}
+
+}  // namespace softverbs::wire
