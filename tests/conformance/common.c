@@ -1,6 +1,8 @@
 /* Shared helpers for the softverbs conformance tests; see common.h. */
 #include "common.h"
 
+#include <sys/socket.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -844,4 +846,41 @@ int sv_destroy_cq_fn(void *cq)
 int sv_destroy_qp_fn(void *qp)
 {
 	return ibv_destroy_qp(qp);
+}
+
+/* ---- a peer process ---------------------------------------------------------------- */
+
+int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
+{
+	int sv[2];
+	pid_t child;
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+	child = fork();
+	CHECK(child >= 0);
+	*pid = child;
+	if (child == 0) {
+		close(sv[0]);
+		peer_main(sv[1]);
+		_exit(0);
+	}
+	close(sv[1]);
+	return sv[0];
+}
+
+void sv_exchange(int sock, const void *ours, void *theirs, size_t n)
+{
+	CHECK(write(sock, ours, n) == (ssize_t)n);
+	CHECK(read(sock, theirs, n) == (ssize_t)n);
+}
+
+void sv_say(int sock, int step)
+{
+	CHECK(write(sock, &step, sizeof(step)) == sizeof(step));
+}
+
+int sv_hear(int sock)
+{
+	int step = -1;
+	CHECK(read(sock, &step, sizeof(step)) == sizeof(step));
+	return step;
 }

@@ -315,4 +315,16 @@ void sv_sleep_ms(int ms);
 /* Milliseconds on CLOCK_MONOTONIC. */
 long long sv_now_ms(void);
 
+/* ---- a peer process ---------------------------------------------------------------- */
+
+/* Forks a peer that runs peer_main(sock), never returning; the parent gets its end of a
+ * socketpair to the peer, and the peer's pid in *pid. Call before opening the device. */
+int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid);
+/* Writes ours, then reads theirs (n bytes each): how the two sides trade QPNs and keys. */
+void sv_exchange(int sock, const void *ours, void *theirs, size_t n);
+/* Lock-step between the two: say(N) tells the other side step N is done, hear() waits for
+ * the other side's next step number. */
+void sv_say(int sock, int step);
+int sv_hear(int sock);
+
 #endif

@@ -19,13 +19,8 @@
 #define NRECV 64
 
 static int sock;
-static void say(int v) { CHECK(write(sock, &v, sizeof(v)) == sizeof(v)); }
-static int hear(void)
-{
-	int v = -1;
-	CHECK(read(sock, &v, sizeof(v)) == sizeof(v));
-	return v;
-}
+static void say(int v) { sv_say(sock, v); }
+static int hear(void) { return sv_hear(sock); }
 
 /* Overwrites every shared memfd of process `pid` whose name starts with "softverbs". */
 static int scribble(pid_t pid, uint64_t seed)
@@ -80,8 +75,7 @@ static void victim(void)
 	static uint8_t canary[4096];
 	memset(canary, 0x3c, sizeof(canary));
 	uint32_t peer, me = qp->qp_num;
-	CHECK(write(sock, &me, sizeof(me)) == sizeof(me));
-	CHECK(read(sock, &peer, sizeof(peer)) == sizeof(peer));
+	sv_exchange(sock, &me, &peer, sizeof(me));
 	CHECK_OK(sv_modify_init(qp, &cfg));
 	for (int i = 0; i < NRECV; i++)
 		CHECK_OK(sv_post_recv(qp, (uint64_t)i, mr, (size_t)i * MSG, MSG));
@@ -107,20 +101,17 @@ static void victim(void)
 	_exit(0);
 }
 
+static void victim_main(int s)
+{
+	sock = s;
+	victim();
+}
+
 int main(void)
 {
 	sv_init("twoproc_garbage");
-	int sv[2];
-	CHECK_OK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-	pid_t child = fork();
-	CHECK(child >= 0);
-	if (child == 0) {
-		sock = sv[1];
-		close(sv[0]);
-		victim();
-	}
-	sock = sv[0];
-	close(sv[1]);
+	pid_t child;
+	sock = sv_fork_peer(victim_main, &child);
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;
@@ -131,8 +122,7 @@ int main(void)
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, MSG, SV_ACCESS_ALL);
 	uint32_t peer, me = qp->qp_num;
-	CHECK(read(sock, &peer, sizeof(peer)) == sizeof(peer));
-	CHECK(write(sock, &me, sizeof(me)) == sizeof(me));
+	sv_exchange(sock, &me, &peer, sizeof(me));
 	CHECK_OK(sv_modify_init(qp, &cfg));
 	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
 	CHECK_OK(sv_modify_rts(qp, &cfg));

@@ -22,13 +22,8 @@ struct info {
 
 static int sock;
 
-static void say(int v) { CHECK(write(sock, &v, sizeof(v)) == sizeof(v)); }
-static int hear(void)
-{
-	int v = -1;
-	CHECK(read(sock, &v, sizeof(v)) == sizeof(v));
-	return v;
-}
+static void say(int v) { sv_say(sock, v); }
+static int hear(void) { return sv_hear(sock); }
 
 static void responder(void)
 {
@@ -43,8 +38,7 @@ static void responder(void)
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, scq, rcq, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
 	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
-	CHECK(write(sock, &me, sizeof(me)) == sizeof(me));
-	CHECK(read(sock, &peer, sizeof(peer)) == sizeof(peer));
+	sv_exchange(sock, &me, &peer, sizeof(me));
 	CHECK_OK(sv_modify_init(qp, &cfg));
 	CHECK_OK(sv_post_recv(qp, 1, mr, 0, SMALL));
 	CHECK_OK(sv_post_recv(qp, 2, mr, SMALL, SMALL));
@@ -120,20 +114,17 @@ static void responder(void)
 	_exit(0);
 }
 
+static void responder_main(int s)
+{
+	sock = s;
+	responder();
+}
+
 int main(void)
 {
 	sv_init("twoproc_semantics");
-	int sv[2];
-	CHECK_OK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-	pid_t child = fork();
-	CHECK(child >= 0);
-	if (child == 0) {
-		sock = sv[1];
-		close(sv[0]);
-		responder();
-	}
-	sock = sv[0];
-	close(sv[1]);
+	pid_t child;
+	sock = sv_fork_peer(responder_main, &child);
 
 	struct sv_dev dev;
 	sv_open(&dev);
@@ -143,8 +134,7 @@ int main(void)
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
 	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
-	CHECK(read(sock, &peer, sizeof(peer)) == sizeof(peer));
-	CHECK(write(sock, &me, sizeof(me)) == sizeof(me));
+	sv_exchange(sock, &me, &peer, sizeof(me));
 	CHECK(peer.qpn != me.qpn);
 	CHECK_OK(sv_modify_init(qp, &cfg));
 	CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
