@@ -150,9 +150,15 @@ void push_event(Id* id, Event* e);
 void detach_locked(Id* id);
 // Blocks until every event handed out for id is acked (without g_mu).
 void wait_acked(Id* id);
+// Waits (unless the channel's fd is O_NONBLOCK) for the channel's next event, counted as
+// handed out to its id. 0, or -1 with errno.
+int take_event(Channel* ch, Event** out);
+void ack_event(Event* e);
+// Acks the event a synchronous id keeps in id->event, if any.
+void drop_kept_event(Id* id);
 // Synchronous ids: waits for the id's next event, keeps it in id->event (acking the one
 // kept before). Returns 0, or -1 with errno from the event's status.
-int complete_sync(Id* id, rdma_cm_event_type expected);
+int complete_sync(Id* id);
 Channel* new_channel();
 // Frees the channel and its queued events, or, while ids still use it, marks it for the
 // last of them (under g_mu).

@@ -28,9 +28,10 @@ Id* checked(rdma_cm_id* raw) {
   return id;
 }
 
-int after(Id* id, int err, rdma_cm_event_type sync_event) {
+// A call that produces an event: a synchronous id waits for it.
+int after(Id* id, int err) {
   if (err) return fail(err);
-  return id->sync ? complete_sync(id, sync_event) : 0;
+  return id->sync ? complete_sync(id) : 0;
 }
 
 void destroy_own_cqs(Id* id) {
@@ -90,14 +91,6 @@ ibv_pd* pd_for(Id* id, ibv_pd* pd) {
   if (!pd) pd = id->id.pd ? id->id.pd : device_pd();
   id->id.pd = pd;
   return pd;
-}
-
-void ack_event(Event* e) {
-  Id* owner = e->owner;
-  e->magic = kDeadMagic;
-  delete e;
-  owner->unacked.fetch_sub(1);
-  owner->unacked.notify_all();
 }
 
 const char* const kEventNames[] = {
@@ -160,10 +153,7 @@ int rdma_destroy_id(rdma_cm_id* raw) {
   if (!id) return -1;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (id->id.event) {  // a synchronous id's last event
-      ack_event(reinterpret_cast<Event*>(id->id.event));
-      id->id.event = nullptr;
-    }
+    drop_kept_event(id);  // a synchronous id's last event
     for (const Id::Group& g : id->groups)  // groups are left with the id
       if (g.attached && id->id.qp) ibv_detach_mcast(id->id.qp, &g.mgid, 0);
     id->groups.clear();
@@ -236,7 +226,7 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
     }
   }
   (void)timeout_ms;  // resolution is immediate on one host
-  return after(id, err, RDMA_CM_EVENT_ADDR_RESOLVED);
+  return after(id, err);
 }
 
 int rdma_resolve_route(rdma_cm_id* raw, int timeout_ms) {
@@ -265,7 +255,7 @@ int rdma_resolve_route(rdma_cm_id* raw, int timeout_ms) {
     }
   }
   (void)timeout_ms;
-  return after(id, err, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  return after(id, err);
 }
 
 int rdma_create_qp(rdma_cm_id* raw, ibv_pd* pd, ibv_qp_init_attr* attr) {
@@ -317,7 +307,7 @@ int rdma_connect(rdma_cm_id* raw, rdma_conn_param* param) {
     std::lock_guard<std::mutex> lock(g_mu);
     err = connect_locked(id, param);
   }
-  return after(id, err, RDMA_CM_EVENT_ESTABLISHED);
+  return after(id, err);
 }
 
 int rdma_establish(rdma_cm_id* raw) {
@@ -342,14 +332,10 @@ int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
   if (!out || !l->sync) return fail(EINVAL);
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (l->id.event) {
-      ack_event(reinterpret_cast<Event*>(l->id.event));
-      l->id.event = nullptr;
-    }
+    drop_kept_event(l);
   }
   Event* e = nullptr;
-  if (l->channel->events.wait_pop(&e, [](Event* ev) { ev->owner->unacked.fetch_add(1); }) != 0)
-    return -1;
+  if (take_event(l->channel, &e) != 0) return -1;
   if (e->ev.event != RDMA_CM_EVENT_CONNECT_REQUEST || e->ev.status) {
     // Something else came for the listener (an error): keep it there, as rdma-core does.
     int status = e->ev.status;
@@ -399,7 +385,7 @@ int rdma_accept(rdma_cm_id* raw, rdma_conn_param* param) {
     wait = id->id.ps != RDMA_PS_UDP;  // SIDR has nothing to wait for
   }
   if (err) return fail(err);
-  return id->sync && wait ? complete_sync(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+  return id->sync && wait ? complete_sync(id) : 0;
 }
 
 int rdma_reject(rdma_cm_id* raw, const void* data, uint8_t len) {
@@ -436,7 +422,7 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** out) {
   Channel* ch = Channel::from(channel);
   if (!ch || !out) return fail(EINVAL);
   Event* e = nullptr;
-  if (ch->events.wait_pop(&e, [](Event* ev) { ev->owner->unacked.fetch_add(1); }) != 0) return -1;
+  if (take_event(ch, &e) != 0) return -1;
   *out = &e->ev;
   return 0;
 }
@@ -499,10 +485,7 @@ int rdma_migrate_id(rdma_cm_id* raw, rdma_event_channel* channel) {
     return true;
   });
   for (Event* e : moving) to->events.push(e);
-  if (id->sync && id->id.event) {  // the synchronous id's kept event
-    ack_event(reinterpret_cast<Event*>(id->id.event));
-    id->id.event = nullptr;
-  }
+  if (id->sync) drop_kept_event(id);
   release_channel_locked(id);
   id->channel = to;
   ++to->ids;

@@ -851,10 +851,10 @@ void detach_locked(Id* id) {
     it = pv.erase(it);
   }
   g_svc.ids.erase(id);
+  for (Id* other : g_svc.ids)  // ids it made outlive it, without it
+    if (other->listener == id) other->listener = nullptr;
   // Requests this listener never handed out die with it; the requesters hear the socket close.
   std::vector<Id*> orphans;
-  for (Id* other : g_svc.ids)
-    if (other->listener == id) other->listener = nullptr;
   id->channel->events.remove_if([&](Event* e) {
     if (e->ev.listen_id == &id->id && e->owner != id) orphans.push_back(e->owner);
     if (e->owner != id && e->ev.listen_id != &id->id) return false;
@@ -875,16 +875,30 @@ void wait_acked(Id* id) {
   for (int n = id->unacked.load(); n > 0; n = id->unacked.load()) id->unacked.wait(n);
 }
 
-int complete_sync(Id* id, rdma_cm_event_type expected) {
-  (void)expected;  // as rdma-core: the status decides, not the type
-  if (id->id.event) {
-    rdma_ack_cm_event(id->id.event);
-    id->id.event = nullptr;
-  }
+int take_event(Channel* ch, Event** out) {
+  return ch->events.wait_pop(out, [](Event* e) { e->owner->unacked.fetch_add(1); });
+}
+
+void ack_event(Event* e) {
+  Id* owner = e->owner;
+  e->magic = kDeadMagic;
+  delete e;
+  owner->unacked.fetch_sub(1);
+  owner->unacked.notify_all();
+}
+
+void drop_kept_event(Id* id) {
+  if (!id->id.event) return;
+  ack_event(reinterpret_cast<Event*>(id->id.event));
+  id->id.event = nullptr;
+}
+
+int complete_sync(Id* id) {
+  drop_kept_event(id);
   Event* e = nullptr;
-  int rc = id->channel->events.wait_pop(&e, [](Event* ev) { ev->owner->unacked.fetch_add(1); });
-  if (rc != 0) return -1;
+  if (take_event(id->channel, &e) != 0) return -1;
   id->id.event = &e->ev;
+  // As rdma-core: the event's status decides, not its type.
   int status = e->ev.status;
   if (status == 0) return 0;
   if (e->ev.event == RDMA_CM_EVENT_REJECTED) errno = ECONNREFUSED;
