@@ -184,7 +184,7 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
   if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
   std::unique_lock lock(MrTable::instance().lock());
   // The pages moved for the old translation or access go back; the new ones move if they may.
-  if (mr->shm) wire::mr_shm_release(mr->ibv.addr, mr->length);
+  if (mr->shm) wire::mr_shm_release(mr->ibv.addr);
   mr->shm = mr->shm_length = 0;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     mr->ibv.addr = addr;
@@ -212,7 +212,7 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
 
 int dereg_mr(Mr* mr) {
   MrTable::instance().erase(mr->ibv.lkey);  // waits for in-flight operations (shared lock)
-  if (mr->shm) wire::mr_shm_release(mr->ibv.addr, mr->length);
+  if (mr->shm) wire::mr_shm_release(mr->ibv.addr);
   mr->pd->users--;
   mr->magic = kDead;
   delete mr;

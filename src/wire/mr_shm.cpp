@@ -46,30 +46,41 @@ size_t page_size() {
   return p;
 }
 
-// Is [start, start + size) one private, anonymous, writable mapping (not the stack)?
-bool private_anonymous(uintptr_t start, size_t size) {
+// The line of /proc/self/maps that holds `addr`.
+struct Mapping {
+  unsigned long lo = 0, hi = 0, inode = 0;
+  char perms[8] = {};
+  char name[256] = {};  // the path, or [heap], or empty for anonymous memory
+};
+
+bool find_mapping(uintptr_t addr, Mapping* m) {
   FILE* f = std::fopen("/proc/self/maps", "re");
   if (!f) return false;
   char line[512];
-  bool ok = false;
-  while (std::fgets(line, sizeof(line), f)) {
-    unsigned long lo, hi, off;
-    char perms[8] = {}, dev[16] = {};
-    unsigned long inode;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof(line), f)) {
+    unsigned long off;
+    char dev[16] = {};
     int name_at = 0;
-    if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu %n", &lo, &hi, perms, &off, dev, &inode,
-                    &name_at) < 6)
+    if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu %n", &m->lo, &m->hi, m->perms, &off, dev,
+                    &m->inode, &name_at) < 6 ||
+        addr < m->lo || addr >= m->hi)
       continue;
-    if (start < lo || start >= hi) continue;
-    const char* name = line + name_at;
-    bool anonymous = inode == 0 && (name[0] == '\n' || name[0] == '\0' ||
-                                    std::strncmp(name, "[heap]", 6) == 0);
-    ok = anonymous && perms[0] == 'r' && perms[1] == 'w' && perms[3] == 'p' &&
-         start + size <= hi;
-    break;
+    std::snprintf(m->name, sizeof(m->name), "%s", line + name_at);
+    m->name[std::strcspn(m->name, "\n")] = '\0';
+    found = true;
   }
   std::fclose(f);
-  return ok;
+  return found;
+}
+
+// Is [start, start + size) one private, anonymous, writable mapping (not the stack)?
+bool private_anonymous(uintptr_t start, size_t size) {
+  Mapping m;
+  if (!find_mapping(start, &m)) return false;
+  bool anonymous = m.inode == 0 && (m.name[0] == '\0' || std::strcmp(m.name, "[heap]") == 0);
+  return anonymous && m.perms[0] == 'r' && m.perms[1] == 'w' && m.perms[3] == 'p' &&
+         start + size <= m.hi;
 }
 
 // Replaces [start, start + size) with a mapping of `what` at the same address, keeping the
@@ -186,29 +197,18 @@ uint64_t mr_shm_acquire(void* addr, size_t length, size_t* shared) {
   return offset;
 }
 
-void mr_shm_release(void* addr, size_t length) {
+void mr_shm_release(void* addr) {
   auto start = reinterpret_cast<uintptr_t>(addr);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   for (auto it = s.regions.begin(); it != s.regions.end(); ++it) {
     if (start < it->start || start >= it->start + it->size) continue;
-    (void)length;
     if (--it->holds > 0) return;
     // Back to private memory (the application keeps using it after deregistering), unless
     // it already unmapped it; then the memfd's pages are given back.
-    bool still_ours = false;
-    if (FILE* f = std::fopen("/proc/self/maps", "re")) {
-      char line[512];
-      while (std::fgets(line, sizeof(line), f)) {
-        unsigned long lo, hi;
-        if (std::sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= it->start && it->start < hi) {
-          still_ours = std::strstr(line, "softverbs-mr") != nullptr;
-          break;
-        }
-      }
-      std::fclose(f);
-    }
-    if (still_ours) swap_in(it->start, it->size, -1, 0);
+    Mapping m;
+    if (find_mapping(it->start, &m) && std::strstr(m.name, "softverbs-mr"))
+      swap_in(it->start, it->size, -1, 0);
     fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(it->offset),
               static_cast<off_t>(it->size));
     s.regions.erase(it);

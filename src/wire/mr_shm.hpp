@@ -21,7 +21,7 @@ inline constexpr uint64_t kMrShmFirst = 4096;
 // must be paired with mr_shm_release.
 uint64_t mr_shm_acquire(void* addr, size_t length, size_t* shared);
 // Drops one registration's hold; with the last, the pages go back to private memory.
-void mr_shm_release(void* addr, size_t length);
+void mr_shm_release(void* addr);
 // The MR memfd to hand to peers (read-write), or -1 (created on first use).
 int mr_shm_fd();
 
