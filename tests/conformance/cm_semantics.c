@@ -280,8 +280,6 @@ int main(void)
 	errno = 0;
 	CHECK(rdma_connect(client, &p) == -1 && errno == EINVAL);
 	conn_param(&p, req_data, 56);
-	p.initiator_depth = 1;
-	p.responder_resources = 1;
 	CHECK(rdma_connect(client, &p) == 0);
 	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
 	CHECK(ev->listen_id == listener && ev->id != listener);

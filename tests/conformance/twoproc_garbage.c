@@ -62,8 +62,9 @@ static int scribble(pid_t pid, uint64_t seed)
 	return found;
 }
 
-static void victim(void)
+static void victim(int s)
 {
+	sock = s;
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;
@@ -101,17 +102,11 @@ static void victim(void)
 	_exit(0);
 }
 
-static void victim_main(int s)
-{
-	sock = s;
-	victim();
-}
-
 int main(void)
 {
 	sv_init("twoproc_garbage");
 	pid_t child;
-	sock = sv_fork_peer(victim_main, &child);
+	sock = sv_fork_peer(victim, &child);
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;

@@ -25,8 +25,9 @@ static int sock;
 static void say(int v) { sv_say(sock, v); }
 static int hear(void) { return sv_hear(sock); }
 
-static void responder(void)
+static void responder(int s)
 {
+	sock = s;
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;
@@ -114,17 +115,11 @@ static void responder(void)
 	_exit(0);
 }
 
-static void responder_main(int s)
-{
-	sock = s;
-	responder();
-}
-
 int main(void)
 {
 	sv_init("twoproc_semantics");
 	pid_t child;
-	sock = sv_fork_peer(responder_main, &child);
+	sock = sv_fork_peer(responder, &child);
 
 	struct sv_dev dev;
 	sv_open(&dev);
