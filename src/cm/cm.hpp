@@ -28,11 +28,22 @@ inline constexpr uint32_t kDeadMagic = 0xdeadc0de;
 
 struct Id;
 
+// What happens to the id's QP when the application takes the event. As in rdma-core, the
+// QP is touched only then, in the application's thread: the application owns the QP and
+// may destroy it (even with plain ibv_destroy_qp) at any time the CM is not running a call
+// of its, so the service thread must never touch it.
+enum class QpStep : uint8_t {
+  None,
+  ToError,  // REJECTED: the QP goes to ERR
+  Connect,  // REP for an id with a QP: RTR, RTS, RTU sent; ESTABLISHED or CONNECT_ERROR
+};
+
 // One event as handed to the application; its private data lives with it until acked.
 struct Event {
   rdma_cm_event ev;  // first: the application's pointer is &ev
   uint32_t magic;
   Id* owner;         // the id whose ack count this event holds
+  QpStep step;
   uint8_t private_data[kMaxPrivate];
 };
 
@@ -52,7 +63,7 @@ enum class IdState {
   RouteResolved,
   Listening,
   Connecting,     // REQ (or SIDR REQ) sent
-  RepReceived,    // QP-less active side: CONNECT_RESPONSE given, waiting for rdma_establish
+  RepReceived,    // REP arrived: QP-less ids wait for rdma_establish, others for the event's take
   ReqReceived,    // passive side: CONNECT_REQUEST given, waiting for accept/reject
   Accepting,      // REP sent, waiting for RTU
   Connected,
@@ -80,6 +91,9 @@ struct Id {
   uint8_t retry_count = 7, rnr_retry_count = 7;
   uint8_t tos = 0, ack_timeout = 14;
   bool disconnect_reported = false;
+  // Taking a REP failed (CONNECT_ERROR given): the REJECTED or DISCONNECTED that may
+  // follow is not reported, as in rdma-core.
+  bool connect_error = false;
   bool removal_reported = false;  // DEVICE_REMOVAL given
   // What the peer told us (REQ / REP / SIDR REP).
   bool have_remote = false;
@@ -142,7 +156,8 @@ int disconnect_locked(Id* id);
 // Moves the QP through INIT (and RTR/RTS for UD) as rdma_create_qp does.
 int init_qp_locked(Id* id, ibv_qp* qp);
 int qp_attr_locked(Id* id, ibv_qp_attr* attr, int* mask);
-void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m = nullptr);
+void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m = nullptr,
+                 QpStep step = QpStep::None);
 // The parts of queue_event, for events not built from a message (MULTICAST_JOIN).
 Event* new_event(Id* id, rdma_cm_event_type type, int status);
 void push_event(Id* id, Event* e);
@@ -151,7 +166,7 @@ void detach_locked(Id* id);
 // Blocks until every event handed out for id is acked (without g_mu).
 void wait_acked(Id* id);
 // Waits (unless the channel's fd is O_NONBLOCK) for the channel's next event, counted as
-// handed out to its id. 0, or -1 with errno.
+// handed out to its id, after its QP step (in the caller's thread). 0, or -1 with errno.
 int take_event(Channel* ch, Event** out);
 void ack_event(Event* e);
 // Acks the event a synchronous id keeps in id->event, if any.

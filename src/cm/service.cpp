@@ -177,8 +177,8 @@ void qp_to_error(Id* id) {
   ibv_modify_qp(id->id.qp, &a, IBV_QP_STATE);
 }
 
+// The QP is left alone: IB CM does not touch a QP on DREQ (rdma_disconnect moves it to ERR).
 void report_disconnect(Id* id) {
-  qp_to_error(id);
   id->state = IdState::Disconnected;
   if (id->disconnect_reported) return;
   id->disconnect_reported = true;
@@ -257,31 +257,16 @@ void on_message(Id* id, const Msg& m) {
       // What we may read from the peer is what it grants, and the other way round.
       id->responder_resources = std::min(id->responder_resources, m.initiator_depth);
       id->initiator_depth = std::min(id->initiator_depth, m.responder_resources);
-      if (!id->id.qp) {
-        id->state = IdState::RepReceived;
-        queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &m);
-        return;
-      }
-      if (int err = connect_qp(id)) {
-        Msg rej = msg_from(id, MsgType::Rej, nullptr, 0);
-        rej.status = kRejConsumerDefined;
-        send_msg(id->sock, rej);
-        qp_to_error(id);
-        id->state = IdState::Failed;
-        queue_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -err);
-        return;
-      }
-      send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0));
-      id->state = IdState::Connected;
-      queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &m);
+      id->state = IdState::RepReceived;
+      // With a QP, the take connects it (take_event): CONNECT_RESPONSE becomes ESTABLISHED.
+      queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &m, id->id.qp ? QpStep::Connect : QpStep::None);
       return;
     case MsgType::Rej:
       if (id->state != IdState::Connecting && id->state != IdState::Accepting &&
           id->state != IdState::RepReceived)
         return;
-      qp_to_error(id);
       id->state = IdState::Failed;
-      queue_event(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.status), &m);
+      queue_event(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.status), &m, QpStep::ToError);
       return;
     case MsgType::Rtu:
       if (id->state != IdState::Accepting) return;
@@ -325,7 +310,7 @@ void on_peer_gone(Id* id) {
       if (id->id.ps == RDMA_PS_UDP) {
         queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
       } else {
-        queue_event(id, RDMA_CM_EVENT_REJECTED, kRejConsumerDefined);
+        queue_event(id, RDMA_CM_EVENT_REJECTED, kRejConsumerDefined, nullptr, QpStep::ToError);
       }
       return;
     case IdState::ReqReceived:
@@ -334,9 +319,8 @@ void on_peer_gone(Id* id) {
       queue_event(id, RDMA_CM_EVENT_REJECTED, kRejTimeout);
       return;
     case IdState::Accepting:
-      qp_to_error(id);
       id->state = IdState::Failed;
-      queue_event(id, RDMA_CM_EVENT_REJECTED, kRejConsumerDefined);
+      queue_event(id, RDMA_CM_EVENT_REJECTED, kRejConsumerDefined, nullptr, QpStep::ToError);
       return;
     case IdState::Connected:
       if (id->id.ps == RDMA_PS_UDP) return;  // UD has no connection to lose
@@ -623,7 +607,7 @@ int connect_locked(Id* id, const rdma_conn_param* param) {
     if (err == ECONNREFUSED || err == ENOENT) {
       // Nobody listens there: the remote CM answers at once.
       if (ud) queue_event(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(kSidrUnsupported));
-      else queue_event(id, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId);
+      else queue_event(id, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId, nullptr, QpStep::ToError);
     } else {
       queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);  // its backlog is full
     }
@@ -703,6 +687,7 @@ int disconnect_locked(Id* id) {
       return 0;
     case IdState::Disconnecting:
     case IdState::Disconnected:
+      qp_to_error(id);  // after the peer's DREQ: the QP leaves RTS only now
       return 0;
     default:
       return EINVAL;
@@ -798,9 +783,10 @@ void push_event(Id* id, Event* e) {
   id->channel->events.push(e);
 }
 
-void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m) {
+void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m, QpStep step) {
   Event* e = new_event(id, type, status);
   if (!e) return;
+  e->step = step;
   rdma_cm_event& ev = e->ev;
   if (type == RDMA_CM_EVENT_CONNECT_REQUEST && id->listener) ev.listen_id = &id->listener->id;
   if (m) {
@@ -875,8 +861,61 @@ void wait_acked(Id* id) {
   for (int n = id->unacked.load(); n > 0; n = id->unacked.load()) id->unacked.wait(n);
 }
 
+namespace {
+
+// The REP's step, as rdma-core's rdma_get_cm_event does it: RTR and RTS, then RTU. If the
+// connection ended while the event waited (state changed), the QP goes to ERR instead.
+void connect_on_take_locked(Event* e) {
+  Id* id = e->owner;
+  int err = id->state == IdState::RepReceived ? connect_qp(id) : ECONNRESET;
+  if (!err && !send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0))) err = ECONNRESET;
+  if (!err) {
+    id->state = IdState::Connected;
+    e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
+    return;
+  }
+  if (id->state == IdState::RepReceived) {
+    Msg rej = msg_from(id, MsgType::Rej, nullptr, 0);
+    rej.status = kRejConsumerDefined;
+    send_msg(id->sock, rej);
+    id->state = IdState::Failed;
+  }
+  qp_to_error(id);
+  id->connect_error = true;
+  e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
+  e->ev.status = -err;
+}
+
+// Runs the event's QP step; false if the event is not to be reported (after a
+// CONNECT_ERROR, the end of that connection).
+bool finish_take_locked(Event* e) {
+  Id* id = e->owner;
+  if (id->connect_error &&
+      (e->ev.event == RDMA_CM_EVENT_REJECTED || e->ev.event == RDMA_CM_EVENT_DISCONNECTED))
+    return false;
+  switch (e->step) {
+    case QpStep::ToError:
+      qp_to_error(id);
+      break;
+    case QpStep::Connect:
+      connect_on_take_locked(e);
+      break;
+    case QpStep::None:
+      break;
+  }
+  e->step = QpStep::None;
+  return true;
+}
+
+}  // namespace
+
 int take_event(Channel* ch, Event** out) {
-  return ch->events.wait_pop(out, [](Event* e) { e->owner->unacked.fetch_add(1); });
+  for (;;) {
+    if (ch->events.wait_pop(out, [](Event* e) { e->owner->unacked.fetch_add(1); }) != 0) return -1;
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (finish_take_locked(*out)) return 0;
+    ack_event(*out);
+  }
 }
 
 void ack_event(Event* e) {

@@ -9,7 +9,11 @@
  *    a port nobody listens on (REJECTED, reason 8), synchronous ids;
  *  - disconnect: DISCONNECTED on both sides, then TIMEWAIT_EXIT; rdma_destroy_id waits for
  *    the id's events to be acked; the peer of a destroyed id sees DISCONNECTED;
- *  - a peer killed after ESTABLISHED (DISCONNECTED, QP in error, receives flushed) or in
+ *  - QP states as rdma-core leaves them: REJECTED moves the QP to ERR when taken, the
+ *    peer's DREQ leaves it in RTS until rdma_disconnect; a QP the application destroyed
+ *    with plain ibv_destroy_qp is not touched when the peer disconnects (no service thread
+ *    may reach into the application's QPs);
+ *  - a peer killed after ESTABLISHED (DISCONNECTED; rdma_disconnect flushes receives) or in
  *    the middle of the handshake (REJECTED), and garbage sent to a listener's socket
  *    (ignored; the next real connect works).
  */
@@ -102,6 +106,22 @@ static void conn_param(struct rdma_conn_param *p, const void *data, uint8_t len)
 	p->initiator_depth = 1;
 	p->retry_count = 7;
 	p->rnr_retry_count = 7;
+}
+
+/* A new active id (*client) connects to the listener on `port` without private data;
+ * returns the passive id from CONNECT_REQUEST (acked). */
+static struct rdma_cm_id *request_from(uint16_t port, struct rdma_cm_id **client)
+{
+	struct rdma_conn_param p;
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *server;
+	*client = active_id(ch, port);
+	conn_param(&p, NULL, 0);
+	CHECK(rdma_connect(*client, &p) == 0);
+	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	server = ev->id;
+	CHECK(rdma_ack_cm_event(ev) == 0);
+	return server;
 }
 
 /* ---- forked peers: each waits for the listener's port on a pipe, then plays its part ---- */
@@ -335,7 +355,7 @@ int main(void)
 		CHECK_OK(ibv_dereg_mr(smr));
 	}
 
-	sv_step("disconnect: both sides see DISCONNECTED, QPs in error");
+	sv_step("disconnect: both sides see DISCONNECTED; a QP leaves RTS by rdma_disconnect");
 	CHECK(rdma_disconnect(client) == 0);
 	for (int i = 0; i < 2; ++i) {
 		ev = expect_event(ch, RDMA_CM_EVENT_DISCONNECTED, 0);
@@ -343,6 +363,9 @@ int main(void)
 		CHECK(rdma_ack_cm_event(ev) == 0);
 	}
 	CHECK_EQ(qp_state(client->qp), IBV_QPS_ERR);
+	/* As with IB CM: the peer's DREQ leaves the QP alone; the application disconnects. */
+	CHECK_EQ(qp_state(server->qp), IBV_QPS_RTS);
+	CHECK(rdma_disconnect(server) == 0);
 	CHECK_EQ(qp_state(server->qp), IBV_QPS_ERR);
 	/* Then each leaves time-wait (about one ACK timeout later): TIMEWAIT_EXIT. */
 	for (int i = 0; i < 2; ++i) {
@@ -356,18 +379,14 @@ int main(void)
 	CHECK(rdma_destroy_id(client) == 0);
 
 	sv_step("reject with 148 bytes of private data: REJECTED, reason 28");
-	client = active_id(ch, port);
-	conn_param(&p, NULL, 0);
-	CHECK(rdma_connect(client, &p) == 0);
-	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
-	server = ev->id;
-	CHECK(rdma_ack_cm_event(ev) == 0);
+	server = request_from(port, &client);
 	errno = 0;
 	CHECK(rdma_reject(server, rej_data, 149) == -1 && errno == EINVAL);
 	CHECK(rdma_reject(server, rej_data, 148) == 0);
 	ev = expect_event(ch, RDMA_CM_EVENT_REJECTED, 28);
 	CHECK(ev->id == client && ev->param.conn.private_data_len == 148);
 	CHECK(memcmp(ev->param.conn.private_data, rej_data, 148) == 0);
+	CHECK_EQ(qp_state(client->qp), IBV_QPS_ERR); /* taking REJECTED moves the QP to ERR */
 	CHECK(rdma_ack_cm_event(ev) == 0);
 	CHECK(rdma_destroy_id(server) == 0);
 	rdma_destroy_qp(client);
@@ -402,7 +421,7 @@ int main(void)
 		CHECK(rdma_destroy_id(sync_id) == 0);
 	}
 
-	sv_step("a forked peer killed after ESTABLISHED: DISCONNECTED, receives flushed");
+	sv_step("a forked peer killed after ESTABLISHED: DISCONNECTED; disconnect flushes");
 	release_peer(&dies_established, port);
 	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
 	server = ev->id;
@@ -422,6 +441,8 @@ int main(void)
 		wait_peer_point(&dies_established);
 		kill_peer(&dies_established);
 		expect_and_ack(ch, RDMA_CM_EVENT_DISCONNECTED, 0);
+		CHECK_EQ(qp_state(server->qp), IBV_QPS_RTS);
+		CHECK(rdma_disconnect(server) == 0);
 		CHECK_EQ(qp_state(server->qp), IBV_QPS_ERR);
 		for (int i = 0; i < 1000000 && ibv_poll_cq(server->recv_cq, 1, &wc) == 0; ++i)
 			usleep(5);
@@ -481,6 +502,26 @@ int main(void)
 		rdma_destroy_qp(server);
 		CHECK(rdma_destroy_id(server) == 0);
 	}
+
+	sv_step("a QP destroyed with ibv_destroy_qp; then the peer disconnects");
+	server = request_from(port, &client);
+	qp_attr(&attr);
+	CHECK(rdma_create_qp(server, NULL, &attr) == 0);
+	conn_param(&p, NULL, 0);
+	CHECK(rdma_accept(server, &p) == 0);
+	expect_and_ack(ch, RDMA_CM_EVENT_ESTABLISHED, 0);
+	expect_and_ack(ch, RDMA_CM_EVENT_ESTABLISHED, 0);
+	/* As perftest does: the QP goes behind rdma_cm's back (server->qp now dangles). */
+	CHECK_OK(ibv_destroy_qp(server->qp));
+	CHECK(rdma_disconnect(client) == 0);
+	expect_and_ack(ch, RDMA_CM_EVENT_DISCONNECTED, 0);
+	expect_and_ack(ch, RDMA_CM_EVENT_DISCONNECTED, 0);
+	expect_and_ack(ch, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+	expect_and_ack(ch, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+	server->qp = NULL;
+	CHECK(rdma_destroy_id(server) == 0);
+	rdma_destroy_qp(client);
+	CHECK(rdma_destroy_id(client) == 0);
 
 	sv_step("rdma_destroy_id waits until the id's events are acked");
 	{
