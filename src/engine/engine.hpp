@@ -22,6 +22,10 @@ void start();
 
 // Runs `qp`'s send queue as far as it can. Caller holds qp->sq_mu.
 void run_send_queue(Qp* qp);
+// Runs one WQE, the head of the send queue or one about to be (post_send's fast path, when
+// the queue is empty), in QP state `st` (RTS or SQD): true when it completed (successfully
+// or not), false when it waits for a retry (a timer will kick the queue). Holds qp->sq_mu.
+bool run_wqe(Qp* qp, SendWqe& w, int st);
 // Locks the send queue and runs it (after a timer fired or a receive was posted).
 void kick(Qp* qp);
 // Retries QP `qpn`'s send queue soon, wherever it lives (RNR waiters).

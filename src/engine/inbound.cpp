@@ -128,7 +128,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   t->window_slots.store(hdr->slots(), std::memory_order_release);
   t->window.store(hdr, std::memory_order_release);
   {
-    std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
+    std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
     t->recv_cq->inbound.push_back(t);
     update_solo_locked(t->recv_cq);
   }
@@ -210,7 +210,7 @@ void drain_inbound(Cq* cq) {
   size_t n = 0;
   bool more = false;
   {
-    std::lock_guard<std::mutex> lock(cq->inbound_mu);
+    std::lock_guard<SpinLock> lock(cq->inbound_mu);
     for (Qp* qp : cq->inbound) {
       // A hint (drained under the QP's lock): is the next message's slot still empty?
       wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
@@ -246,7 +246,7 @@ void close_window(Qp* t, bool deliver) {
     if (deliver) drain_window_locked(t);
     kill_window_locked(t);
   }
-  std::lock_guard<std::mutex> inbound(t->recv_cq->inbound_mu);
+  std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
   auto& v = t->recv_cq->inbound;
   v.erase(std::remove(v.begin(), v.end(), t), v.end());
   update_solo_locked(t->recv_cq);

@@ -338,6 +338,44 @@ void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32
   cq_push(qp->send_cq, wc, false);
 }
 
+bool run_wqe(Qp* qp, SendWqe& w, int st) {
+  if (!w.started) {
+    w.rnr_left = qp->send_path.rnr_retry;
+    w.retry_left = qp->send_path.retry_cnt;
+  }
+  w.started = true;
+  Outcome o = execute(qp, w);
+  if (o.kind == Outcome::RnrNak || o.kind == Outcome::NoResponse) {
+    bool rnr = o.kind == Outcome::RnrNak;
+    int& left = rnr ? w.rnr_left : w.retry_left;
+    uint8_t timeout = qp->send_path.timeout;
+    bool infinite = rnr ? left == 7 : timeout == 0;
+    if (!infinite && left == 0) {
+      o = {Outcome::Error,
+           fault_rule(rnr ? Fault::RnrExhausted : Fault::RetryExhausted).requester_status};
+    } else {
+      if (!infinite) --left;
+      Clock::duration delay = rnr ? std::chrono::microseconds(kRnrDelayUs[o.rnr_timer & 31])
+                                  : ack_timeout(timeout);
+      qp->retry_at = Clock::now() + delay;
+      schedule_kick(qp->qpn(), qp->retry_at);
+      return false;
+    }
+  }
+  if (o.kind == Outcome::Error) {
+    push_send_completion(qp, w, o.status, 0);
+    if (requester_state_after_error(qp->type) == IBV_QPS_ERR) {
+      set_error(qp, -1);
+    } else {
+      int expect = st;
+      qp->state.compare_exchange_strong(expect, IBV_QPS_SQE);
+    }
+    return true;  // what follows it is flushed
+  }
+  push_send_completion(qp, w, IBV_WC_SUCCESS, o.byte_len);
+  return true;
+}
+
 void run_send_queue(Qp* qp) {
   for (;;) {
     if (qp->sq.empty()) break;
@@ -350,41 +388,7 @@ void run_send_queue(Qp* qp) {
     if (st == IBV_QPS_SQD && !w.started) break;  // draining: start nothing new
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
     if (w.started && Clock::now() < qp->retry_at) break;  // a timer will kick us
-    if (!w.started) {
-      w.rnr_left = qp->send_path.rnr_retry;
-      w.retry_left = qp->send_path.retry_cnt;
-    }
-    w.started = true;
-    Outcome o = execute(qp, w);
-    if (o.kind == Outcome::RnrNak || o.kind == Outcome::NoResponse) {
-      bool rnr = o.kind == Outcome::RnrNak;
-      int& left = rnr ? w.rnr_left : w.retry_left;
-      uint8_t timeout = qp->send_path.timeout;
-      bool infinite = rnr ? left == 7 : timeout == 0;
-      if (!infinite && left == 0) {
-        o = {Outcome::Error,
-             fault_rule(rnr ? Fault::RnrExhausted : Fault::RetryExhausted).requester_status};
-      } else {
-        if (!infinite) --left;
-        Clock::duration delay = rnr ? std::chrono::microseconds(kRnrDelayUs[o.rnr_timer & 31])
-                                    : ack_timeout(timeout);
-        qp->retry_at = Clock::now() + delay;
-        schedule_kick(qp->qpn(), qp->retry_at);
-        break;
-      }
-    }
-    if (o.kind == Outcome::Error) {
-      push_send_completion(qp, w, o.status, 0);
-      qp->sq.pop_front();
-      if (requester_state_after_error(qp->type) == IBV_QPS_ERR) {
-        set_error(qp, -1);
-      } else {
-        int expect = st;
-        qp->state.compare_exchange_strong(expect, IBV_QPS_SQE);
-      }
-      continue;  // flushes the rest
-    }
-    push_send_completion(qp, w, IBV_WC_SUCCESS, o.byte_len);
+    if (!run_wqe(qp, w, st)) break;
     qp->sq.pop_front();
   }
   check_drained(qp);

@@ -103,8 +103,8 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
 
 int resize_cq(Cq* cq, int cqe) {
   if (cqe < 1 || cqe > Limits::max_cqe) return EINVAL;
-  std::lock_guard<std::mutex> p(cq->produce_mu);
-  std::lock_guard<std::mutex> c(cq->consume_mu);
+  std::lock_guard<SpinLock> p(cq->produce_mu);
+  std::lock_guard<SpinLock> c(cq->consume_mu);
   uint64_t head = cq->head.load(), tail = cq->tail.load();
   uint64_t used = tail - head;
   uint64_t size = ring_size_for(static_cast<uint64_t>(cqe));
@@ -124,7 +124,7 @@ int resize_cq(Cq* cq, int cqe) {
 int destroy_cq(Cq* cq) {
   if (cq->users.load() != 0) return EBUSY;
   {
-    std::lock_guard<std::mutex> lock(cq->produce_mu);
+    std::lock_guard<SpinLock> lock(cq->produce_mu);
     cq->destroying = true;
     cq->arm->store(wire::kArmNone);
   }
@@ -177,7 +177,7 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
     if (num_entries < 0) return -1;
     return cq->in_error.load(std::memory_order_relaxed) ? -1 : 0;
   }
-  std::lock_guard<std::mutex> lock(cq->consume_mu);
+  std::lock_guard<SpinLock> lock(cq->consume_mu);
   uint64_t head = cq->head.load(std::memory_order_relaxed);
   tail = cq->tail.load(std::memory_order_acquire);
   uint64_t mask = cq->ring.size() - 1;
@@ -188,7 +188,7 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
 }
 
 int req_notify_cq(Cq* cq, int solicited_only) {
-  std::lock_guard<std::mutex> lock(cq->produce_mu);
+  std::lock_guard<SpinLock> lock(cq->produce_mu);
   if (cq->in_error.load()) return EINVAL;
   int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
   // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
@@ -216,7 +216,10 @@ struct DeferredCqe {
   ibv_wc wc;
   bool solicited;
 };
-thread_local std::vector<DeferredCqe>* t_deferred = nullptr;
+// Read on every completion: initial-exec, so that reading it is one load, not a call to
+// __tls_get_addr (a pointer fits in the static TLS glibc keeps for libraries loaded later).
+__attribute__((tls_model("initial-exec"))) thread_local std::vector<DeferredCqe>* t_deferred =
+    nullptr;
 }  // namespace
 
 void defer_completions(bool on) {
@@ -238,7 +241,7 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
   }
   bool fire = false, failed = false, first_failure = false;
   {
-    std::lock_guard<std::mutex> lock(cq->produce_mu);
+    std::lock_guard<SpinLock> lock(cq->produce_mu);
     uint64_t tail = cq->tail.load(std::memory_order_relaxed);
     uint64_t head = cq->head.load(std::memory_order_acquire);
     if (cq->in_error.load(std::memory_order_relaxed)) {
@@ -262,8 +265,8 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
 }
 
 void cq_purge_qp(Cq* cq, uint32_t qpn) {
-  std::lock_guard<std::mutex> p(cq->produce_mu);
-  std::lock_guard<std::mutex> c(cq->consume_mu);
+  std::lock_guard<SpinLock> p(cq->produce_mu);
+  std::lock_guard<SpinLock> c(cq->consume_mu);
   uint64_t head = cq->head.load(), tail = cq->tail.load();
   uint64_t mask = cq->ring.size() - 1;
   uint64_t kept = head;

@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 
+#include "common/spin_lock.hpp"
 #include "verbs/event_queue.hpp"
 #include "verbs/small_vec.hpp"
 #include "wire/window.hpp"
@@ -99,8 +100,8 @@ struct Cq {
 
   // Ring of completions: producers serialise on produce_mu, pollers on consume_mu.
   // head/tail count entries ever consumed/produced; the fast empty check is one load.
-  std::mutex produce_mu;
-  std::mutex consume_mu;
+  SpinLock produce_mu;
+  SpinLock consume_mu;
   std::vector<ibv_wc> ring;
   uint64_t capacity = 0;  // == ibv.cqe
   std::atomic<uint64_t> head{0};
@@ -113,7 +114,7 @@ struct Cq {
   std::atomic<int>* arm = &shared_local.arm;
   std::atomic<uint64_t> doorbell_seen{0};  // the doorbell value last drained for
   // QPs whose receive windows feed this CQ: ibv_poll_cq drains them first.
-  std::mutex inbound_mu;
+  SpinLock inbound_mu;
   std::vector<Qp*> inbound;
   std::atomic<bool> has_inbound{false};
   // With exactly one window feeding it, the CQ watches that window's next slot instead of

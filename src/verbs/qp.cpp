@@ -430,6 +430,8 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     }
     SendWqe w;
     if ((err = build_send_wqe(qp, wr, &w))) break;
+    // Nothing ahead of it: run it now, and queue it only if it must wait for a retry.
+    if (qp->sq.empty() && st == IBV_QPS_RTS && engine::run_wqe(qp, w, st)) continue;
     qp->sq.push_back(std::move(w));
   }
   if (err && bad) *bad = wr;

@@ -55,6 +55,7 @@ Entry* map_table() {
 }  // namespace
 
 pid_t self_pid() {
+  if (pid_t pid = g_pid.load(std::memory_order_relaxed)) return pid;  // the data path's case
   static std::once_flag once;
   std::call_once(once, [] {
     g_pid = getpid();
