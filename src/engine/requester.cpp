@@ -261,6 +261,19 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   if (w.total_length > kMaxMsgSize)
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
 
+  // A connected peer on this host: through its receive window, or straight into its memory.
+  if (qp->type != IBV_QPT_UD && qp->send_path.dgid_local && Device::instance().port_active()) {
+    uint32_t dst_qpn = qp->send_path.dest_qpn;
+    if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
+        w.total_length <= wire::kWindowPayload) {
+      if (auto o = send_through_window(qp, w, local, nlocal, dst_qpn)) return *o;
+    } else if (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_READ) {
+      if (auto o = rdma_direct(qp, w, local, nlocal, dst_qpn)) return *o;
+    } else if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      if (auto o = atomic_direct(qp, w, local, nlocal, dst_qpn)) return *o;
+    }
+  }
+
   wire::Request req;
   req.src_qpn = qp->qpn();
   req.type = qp->type;
@@ -287,19 +300,8 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   } else {
     dgid = qp->send_path.dgid;
     req.dst_qpn = qp->send_path.dest_qpn;
-    if (qp->send_path.dgid_local && Device::instance().port_active()) {
-      if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
-          w.total_length <= wire::kWindowPayload) {
-        if (auto o = send_through_window(qp, w, local, nlocal, req.dst_qpn)) return *o;
-      } else if (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_READ) {
-        if (auto o = rdma_direct(qp, w, local, nlocal, req.dst_qpn)) return *o;
-      } else if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-                 w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-        if (auto o = atomic_direct(qp, w, local, nlocal, req.dst_qpn)) return *o;
-      }
-    }
   }
-  req.pid = wire::self_pid();  // the window and direct paths above do not need it
+  req.pid = wire::self_pid();
   // A port that is down sends nothing: to the requester that looks like silence.
   Outcome o = Device::instance().port_active() ? wire::transport().deliver(dgid, req)
                                                 : Outcome{Outcome::NoResponse};

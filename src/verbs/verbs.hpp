@@ -9,6 +9,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "common/read_mostly_lock.hpp"
 #include "verbs/objects.hpp"
 #include "wire/window.hpp"
 
@@ -97,7 +98,7 @@ int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int
 class MrTable {
  public:
   static MrTable& instance();
-  std::shared_mutex& lock() { return mu_; }
+  ReadMostlyLock& lock() { return mu_; }
   uint32_t insert(Mr* mr);  // returns the key (lkey == rkey)
   void erase(uint32_t key);
   // Under lock(): the MR with this key, or nullptr.
@@ -111,7 +112,7 @@ class MrTable {
   void write_shared_entry(const Mr* mr);  // caller holds mu_ and shared_ is set
   wire::MrShared* shared_ = nullptr;
   uint64_t shared_offset_ = 0;
-  mutable std::shared_mutex mu_;
+  mutable ReadMostlyLock mu_;
   std::vector<Mr*> slots_{nullptr};
   std::vector<uint8_t> generation_{0};
   std::vector<uint32_t> free_;
