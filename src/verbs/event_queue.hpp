@@ -5,11 +5,10 @@
 // as the "non-empty" level. All changes happen under one mutex, so the fd's readability
 // always matches the FIFO. poll/epoll/O_NONBLOCK on the fd behave as on a kernel channel.
 // Syscalls only where the level changes: a waiter that turns a peer's wake-up into an
-// event and takes it at once never raises the level at all.
+// event and takes it at once never raises the level at all, and sleeps and wakes in two
+// (recv(MSG_PEEK), then recvmmsg).
 #pragma once
 
-#include <fcntl.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,14 +65,15 @@ class EventQueue {
   }
 
   // The same, for a queue that peers may also wake (by writing to write_fd()) after they
-  // left work that `refill` turns into events. Wake-ups are consumed before refilling, so
-  // one that arrives after the refill stays and ends the next wait.
+  // left work that `refill` turns into events. A waiter refills first, then sleeps in one
+  // recv(MSG_PEEK) on the fd (which blocks, or says EAGAIN if the application set
+  // O_NONBLOCK, with no fcntl to ask), and consumes the wake-ups only after it woke: one
+  // that arrives after a refill is still queued when the waiter looks, so none is lost.
   template <typename F, typename R>
   int wait_pop(T* out, F&& deliver, R&& refill) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (items_.empty()) drain_level();  // peers' wake-ups too: refill() acts on them
         ++quiet_;  // what refill() pushes is taken below: no need to raise the level for it
       }
       refill();
@@ -84,14 +84,16 @@ class EventQueue {
         if (!items_.empty()) raise_level();  // events left (ours or other threads')
         if (got) return 0;
       }
-      int flags = fcntl(read_fd_, F_GETFL);
-      if (flags < 0) return -1;
-      if (flags & O_NONBLOCK) {
-        errno = EAGAIN;
-        return -1;
+      char c;
+      if (::recv(read_fd_, &c, 1, MSG_PEEK) < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          errno = EAGAIN;
+          return -1;
+        }
+        if (errno != EINTR) return -1;
       }
-      pollfd p{read_fd_, POLLIN, 0};
-      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return -1;
+      std::lock_guard<std::mutex> lock(mu_);
+      drain_level();  // the wake-ups, and our own level (raised again above if still due)
     }
   }
 

@@ -1,5 +1,6 @@
 // CQs and completion channels: ring order and capacity, overrun, arming rules, event
 // delivery and acknowledgement, destroy ordering, resize.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -1,7 +1,9 @@
 // EventQueue: the fd-backed FIFO behind completion channels and the async event fd.
 #include "verbs/event_queue.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <atomic>
 #include <thread>
