@@ -108,20 +108,24 @@ static void conn_param(struct rdma_conn_param *p, const void *data, uint8_t len)
 	p->rnr_retry_count = 7;
 }
 
+/* The passive id of the next CONNECT_REQUEST (acked). */
+static struct rdma_cm_id *take_request(void)
+{
+	struct rdma_cm_event *ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	struct rdma_cm_id *server = ev->id;
+	CHECK(rdma_ack_cm_event(ev) == 0);
+	return server;
+}
+
 /* A new active id (*client) connects to the listener on `port` without private data;
  * returns the passive id from CONNECT_REQUEST (acked). */
 static struct rdma_cm_id *request_from(uint16_t port, struct rdma_cm_id **client)
 {
 	struct rdma_conn_param p;
-	struct rdma_cm_event *ev;
-	struct rdma_cm_id *server;
 	*client = active_id(ch, port);
 	conn_param(&p, NULL, 0);
 	CHECK(rdma_connect(*client, &p) == 0);
-	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
-	server = ev->id;
-	CHECK(rdma_ack_cm_event(ev) == 0);
-	return server;
+	return take_request();
 }
 
 /* ---- forked peers: each waits for the listener's port on a pipe, then plays its part ---- */
@@ -423,9 +427,7 @@ int main(void)
 
 	sv_step("a forked peer killed after ESTABLISHED: DISCONNECTED; disconnect flushes");
 	release_peer(&dies_established, port);
-	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
-	server = ev->id;
-	CHECK(rdma_ack_cm_event(ev) == 0);
+	server = take_request();
 	qp_attr(&attr);
 	CHECK(rdma_create_qp(server, NULL, &attr) == 0);
 	{
@@ -454,9 +456,7 @@ int main(void)
 
 	sv_step("a forked peer killed in the handshake: REJECTED, accept refused");
 	release_peer(&dies_in_handshake, port);
-	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
-	server = ev->id;
-	CHECK(rdma_ack_cm_event(ev) == 0);
+	server = take_request();
 	wait_peer_point(&dies_in_handshake);
 	kill_peer(&dies_in_handshake);
 	ev = expect_event(ch, RDMA_CM_EVENT_REJECTED, 1);
@@ -485,9 +485,7 @@ int main(void)
 			close(s);
 		}
 		release_peer(&after_garbage, port);
-		ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
-		server = ev->id;
-		CHECK(rdma_ack_cm_event(ev) == 0);
+		server = take_request();
 		qp_attr(&attr);
 		CHECK(rdma_create_qp(server, NULL, &attr) == 0);
 		conn_param(&p, NULL, 0);

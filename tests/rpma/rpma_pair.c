@@ -404,6 +404,31 @@ struct local {
 	size_t desc_size;
 };
 
+/* [plain] rpma_read of the peer's CHUNK-byte pattern `pat` (at remote_off) to local_off,
+ * with its completion and the bytes checked. */
+static void read_peer_pattern(struct link *l, struct local *lo, struct rpma_mr_remote *rmr,
+			      size_t local_off, size_t remote_off, int pat, const char *peer)
+{
+	char what[128];
+	memset(lo->buf + local_off, 0, CHUNK);
+	CHK(rpma_read(l->conn, lo->mr, local_off, rmr, remote_off, CHUNK,
+		      RPMA_F_COMPLETION_ALWAYS, (void *)(uintptr_t)OP_READ1));
+	snprintf(what, sizeof(what), "[plain] rpma_read of the %s's memory", peer);
+	check_wc(l, OP_READ1, IBV_WC_RDMA_READ, CHUNK, what, false);
+	if (!same(lo->buf + local_off, pat))
+		fail("[plain] rpma_read brought the wrong bytes from the %s", peer);
+	pass("[plain] rpma_read brought the %s's %d-byte pattern", peer, CHUNK);
+}
+
+/* rpma_send of `text` (with its NUL) from SEND_OFF, and its send completion (`what`). */
+static void send_text(struct link *l, struct local *lo, const char *text, const char *what)
+{
+	strcpy(lo->buf + SEND_OFF, text);
+	CHK(rpma_send(l->conn, lo->mr, SEND_OFF, strlen(text) + 1, RPMA_F_COMPLETION_ALWAYS,
+		      (void *)(uintptr_t)OP_SEND));
+	check_wc(l, OP_SEND, IBV_WC_SEND, -1, what, false);
+}
+
 static void local_setup(struct local *lo, const char *addr, bool server)
 {
 	struct ibv_context *ctx = NULL;
@@ -565,23 +590,13 @@ static void server_conn(struct local *lo, struct rpma_ep *ep, bool shared)
 
 	if (!shared) {
 		/* The server reads the client's memory too. */
-		memset(lo->buf + S_READ_OFF, 0, CHUNK);
-		CHK(rpma_read(conn, lo->mr, S_READ_OFF, rmr, C_PATTERN_OFF, CHUNK,
-			      RPMA_F_COMPLETION_ALWAYS, (void *)(uintptr_t)OP_READ1));
-		check_wc(&l, OP_READ1, IBV_WC_RDMA_READ, CHUNK,
-			 "[plain] rpma_read of the client's memory", false);
-		if (!same(lo->buf + S_READ_OFF, PAT_CLIENT))
-			fail("[plain] rpma_read brought the wrong bytes from the client");
-		pass("[plain] rpma_read brought the client's %d-byte pattern", CHUNK);
+		read_peer_pattern(&l, lo, rmr, S_READ_OFF, C_PATTERN_OFF, PAT_CLIENT, "client");
 	}
 
 	const char *reply = shared ? "server to client, shared channel"
 				   : "server to client, plain";
-	strcpy(lo->buf + SEND_OFF, reply);
-	CHK(rpma_send(conn, lo->mr, SEND_OFF, strlen(reply) + 1, RPMA_F_COMPLETION_ALWAYS,
-		      (void *)(uintptr_t)OP_SEND));
 	snprintf(what, sizeof(what), "[%s] rpma_send of the reply", name);
-	check_wc(&l, OP_SEND, IBV_WC_SEND, -1, what, false);
+	send_text(&l, lo, reply, what);
 
 	report_waits(&l, name, shared);
 
@@ -657,13 +672,7 @@ static void client_conn(struct local *lo, const char *addr, const char *port, bo
 
 	if (!shared) {
 		/* Read the server's pattern. */
-		CHK(rpma_read(conn, lo->mr, C_READ1_OFF, rmr, S_PATTERN_OFF, CHUNK,
-			      RPMA_F_COMPLETION_ALWAYS, (void *)(uintptr_t)OP_READ1));
-		check_wc(&l, OP_READ1, IBV_WC_RDMA_READ, CHUNK,
-			 "[plain] rpma_read of the server's memory", false);
-		if (!same(lo->buf + C_READ1_OFF, PAT_SERVER))
-			fail("[plain] rpma_read brought the wrong bytes from the server");
-		pass("[plain] rpma_read brought the server's %d-byte pattern", CHUNK);
+		read_peer_pattern(&l, lo, rmr, C_READ1_OFF, S_PATTERN_OFF, PAT_SERVER, "server");
 
 		/* Write ours, then read it back. */
 		write_and_read_back(&l, lo, rmr, S_WRITE1_OFF, OP_WRITE1, PAT_WRITE1, name);
@@ -674,11 +683,8 @@ static void client_conn(struct local *lo, const char *addr, const char *port, bo
 	}
 
 	const char *msg = shared ? "client to server, shared channel" : "client to server, plain";
-	strcpy(lo->buf + SEND_OFF, msg);
-	CHK(rpma_send(conn, lo->mr, SEND_OFF, strlen(msg) + 1, RPMA_F_COMPLETION_ALWAYS,
-		      (void *)(uintptr_t)OP_SEND));
 	snprintf(what, sizeof(what), "[%s] rpma_send of the message", name);
-	check_wc(&l, OP_SEND, IBV_WC_SEND, -1, what, false);
+	send_text(&l, lo, msg, what);
 
 	const char *reply = shared ? "server to client, shared channel"
 				   : "server to client, plain";
