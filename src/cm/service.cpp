@@ -903,7 +903,6 @@ bool finish_take_locked(Event* e) {
     case QpStep::None:
       break;
   }
-  e->step = QpStep::None;
   return true;
 }
 
