@@ -26,6 +26,12 @@ void run_send_queue(Qp* qp);
 // the queue is empty), in QP state `st` (RTS or SQD): true when it completed (successfully
 // or not), false when it waits for a retry (a timer will kick the queue). Holds qp->sq_mu.
 bool run_wqe(Qp* qp, SendWqe& w, int st);
+// post_send's shortcut for a SEND, SEND_WITH_IMM or RDMA WRITE of `len` bytes that the
+// caller checked (ibv_post_send(3)'s argument errors), to the connected peer in another
+// process: straight into its receive window or its MR's shared pages, with no WQE built.
+// False: not taken (nothing happened), build the WQE and run it. Caller holds qp->sq_mu;
+// the send queue is empty and qp is in RTS.
+bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len);
 // Locks the send queue and runs it (after a timer fired or a receive was posted).
 void kick(Qp* qp);
 // Retries QP `qpn`'s send queue soon, wherever it lives (RNR waiters).
@@ -54,10 +60,15 @@ Clock::duration ack_timeout(uint8_t timeout);
 
 // Receive windows, target side (inbound.cpp).
 uint64_t open_window(Qp* t, uint32_t peer_qpn);  // arena offset, 0 if not possible
-uint32_t receive_capacity(Qp* t, const RecvWqe& r);  // 0 if its buffers fail the checks
+// 0 if its buffers fail the checks. Caller holds the key lock (shared).
+uint32_t receive_capacity(Qp* t, const RecvWqe& r);
 void publish_receive_locked(Qp* t, uint32_t capacity);  // caller holds t->rq_mu
 void drain_window_locked(Qp* t);  // caller holds the key lock (shared) and t->rq_mu
 void drain_inbound(Cq* cq);
+// ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in
+// `wc` (at most `max`), when the ring is empty and the CQ unarmed; 0 leaves it to
+// drain_inbound.
+int drain_solo_into(Cq* cq, int max, ibv_wc* wc);
 void close_window(Qp* t, bool deliver);  // caller holds no QP lock
 
 // Progress thread services.

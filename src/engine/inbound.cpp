@@ -2,6 +2,7 @@
 // publishing posted receives, and draining the messages the peer left in it into the
 // posted buffers, with the same receive completions the responder writes.
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <vector>
 #include <shared_mutex>
@@ -47,7 +48,6 @@ void kill_window_locked(Qp* t) {
 }  // namespace
 
 uint32_t receive_capacity(Qp* t, const RecvWqe& r) {
-  std::shared_lock keys(MrTable::instance().lock());
   uint64_t cap = 0;
   for (const Sge& s : r.sges) {
     if (s.length == 0) continue;
@@ -143,12 +143,32 @@ void publish_receive_locked(Qp* t, uint32_t capacity) {
   hdr->rq_posted.store(++in.posted, std::memory_order_release);
 }
 
-void drain_window_locked(Qp* t) {
+namespace {
+
+// Where drained messages' completions go: the CQ's ring, or straight into ibv_poll_cq's
+// array (ToArray stops taking messages when the array is full).
+struct ToCq {
+  Cq* cq;
+  bool room() const { return true; }
+  void put(const ibv_wc& wc, bool solicited) { cq_push(cq, wc, solicited); }
+};
+struct ToArray {
+  ibv_wc* wc;
+  int max;
+  int n = 0;
+  bool room() const { return n < max; }
+  void put(const ibv_wc& w, bool) { wc[n++] = w; }
+};
+
+// Lands the messages waiting in t's window in its posted receives, in order. Caller holds
+// the key lock (shared) and t->rq_mu.
+template <class Sink>
+void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   Qp::InboundWindow& in = t->inbound;
   // Message #head is there once its slot's seq says head + 1: stop at the first that is not.
-  for (uint64_t head = in.head;; ++head) {
+  for (uint64_t head = in.head; sink.room(); ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
     if (slot.seq.load(std::memory_order_acquire) != head + 1) break;
     // Read each field once: the peer's memory may change under us.
@@ -158,12 +178,11 @@ void drain_window_locked(Qp* t) {
       kill_window_locked(t);
       return;
     }
-    if (t->state.load() == IBV_QPS_RTR && !t->comm_est_raised) {
+    if (!t->comm_est_raised && t->state.load() == IBV_QPS_RTR) {
       t->comm_est_raised = true;
       raise_qp_event(t, IBV_EVENT_COMM_EST);
     }
-    RecvWqe r = std::move(t->rq.front());
-    t->rq.pop_front();
+    const RecvWqe& r = t->rq.front();
     ibv_wc wc{};
     wc.wr_id = r.wr_id;
     wc.qp_num = t->qpn();
@@ -184,22 +203,54 @@ void drain_window_locked(Qp* t) {
       ++n;
       cap += s.length;
     }
+    t->rq.pop_front();
+    in.head = head + 1;
     // The requester checked the published capacity; the MR may have gone since.
     if (!ok || cap < len) {
       wc.status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
-      cq_push(t->recv_cq, wc, false);
-      in.head = head + 1;
+      wc.byte_len = 0;
+      sink.put(wc, false);
       hdr->head.store(in.head, std::memory_order_release);
       kill_window_locked(t);
       set_error(t, -1);
       return;
     }
-    iovec src{const_cast<uint8_t*>(slot.data), len};
-    wire::copy_local(dst, n, &src, 1, len);
-    cq_push(t->recv_cq, wc, (flags & IBV_SEND_SOLICITED) != 0);
-    in.head = head + 1;
+    if (n == 1 && len <= dst[0].iov_len) std::memcpy(dst[0].iov_base, slot.data, len);
+    else {
+      iovec src{const_cast<uint8_t*>(slot.data), len};
+      wire::copy_local(dst, n, &src, 1, len);
+    }
+    sink.put(wc, (flags & IBV_SEND_SOLICITED) != 0);
     hdr->head.store(in.head, std::memory_order_release);
   }
+}
+
+}  // namespace
+
+void drain_window_locked(Qp* t) {
+  ToCq sink{t->recv_cq};
+  drain_window_into(t, sink);
+}
+
+int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
+  std::shared_lock keys(MrTable::instance().lock());
+  std::unique_lock<SpinLock> list(cq->inbound_mu);
+  if (cq->inbound.size() != 1) return 0;
+  Qp* t = cq->inbound.front();
+  // Queues are locked before lists elsewhere: only try, and leave the rest to drain_inbound.
+  std::unique_lock<std::mutex> rq(t->rq_mu, std::try_to_lock);
+  if (!rq.owns_lock()) return 0;
+  list.unlock();  // destroying t passes through its rq_mu (close_window) first
+  // The ring's completions come first (t's others are added under rq_mu, which we hold;
+  // other QPs' need no order with ours), an armed CQ must fire its event, and a CQ in
+  // error reports that.
+  if (cq->tail.load(std::memory_order_acquire) != cq->head.load(std::memory_order_relaxed) ||
+      cq->arm->load(std::memory_order_relaxed) != wire::kArmNone ||
+      cq->in_error.load(std::memory_order_relaxed))
+    return 0;
+  ToArray sink{wc, max};
+  drain_window_into(t, sink);
+  return sink.n;
 }
 
 void drain_inbound(Cq* cq) {

@@ -100,15 +100,12 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   return &pw;
 }
 
-// A small SEND to a connected QP of another process: through the peer's receive window
-// when it has room and a big enough receive posted; nullopt means "take the agent path",
-// which answers everything else (RNR, errors, a target that went away) exactly.
-std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
-                                           int nlocal, uint32_t dst_qpn) {
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
-  if (!pw) return std::nullopt;
+// The slot of the peer's receive window for the next message, of `len` bytes, when the ring
+// has room and the receive it will land in is there and big enough; nullptr means "take
+// the agent path", which answers everything else (RNR, errors, a target that went away)
+// exactly. Nothing is spoken for until window_commit.
+wire::WindowSlot* window_slot(Qp::PeerWindow* pw, uint32_t len) {
   wire::WindowHeader* hdr = pw->hdr;
-  uint32_t len = static_cast<uint32_t>(w.total_length);
   if (pw->resync) {
     pw->taken = hdr->rq_taken.load(std::memory_order_acquire);
     pw->resync = false;
@@ -116,52 +113,68 @@ std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec
   uint64_t taken = pw->taken;
   if (pw->posted == taken) {
     pw->posted = hdr->rq_posted.load(std::memory_order_acquire);
-    if (pw->posted == taken) return std::nullopt;  // no receive posted: RNR, via the agent
+    if (pw->posted == taken) return nullptr;  // no receive posted: RNR, via the agent
   }
-  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return std::nullopt;
+  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return nullptr;
   uint64_t tail = pw->tail;
   if (tail - pw->head >= wire::kWindowSlots) {
     pw->head = hdr->head.load(std::memory_order_acquire);
-    if (tail - pw->head >= wire::kWindowSlots) return std::nullopt;
+    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
   }
-  wire::WindowSlot& s = pw->slots[tail % wire::kWindowSlots];
-  s.opcode = w.opcode;
-  s.flags = w.flags;
-  s.imm = w.imm;
+  return &pw->slots[tail % wire::kWindowSlots];
+}
+
+// Hands the message whose payload is already in `s` (from window_slot) to the target.
+void window_commit(Qp::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uint32_t flags,
+                   uint32_t imm, uint32_t len) {
+  s.opcode = opcode;
+  s.flags = flags;
+  s.imm = imm;
   s.length = len;
-  iovec dst{s.data, len};
-  wire::copy_local(&dst, 1, local, nlocal, len);
-  s.seq.store(tail + 1, std::memory_order_release);
-  pw->tail = tail + 1;
-  pw->taken = taken + 1;
-  hdr->rq_taken.store(taken + 1, std::memory_order_relaxed);
+  s.seq.store(pw->tail + 1, std::memory_order_release);
+  ++pw->tail;
+  pw->hdr->rq_taken.store(++pw->taken, std::memory_order_relaxed);
   // The target turns ring messages into completions when it polls. If its CQ is armed it
   // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
   // completion is added (and the event fires) exactly as for a local arrival.
   pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
   int arm = pw->cq->arm.load(std::memory_order_seq_cst);
-  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (w.flags & IBV_SEND_SOLICITED))) {
+  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED))) {
     // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
     // have its agent drain when we have no way to reach the channel.
     char one = 1;
     if (pw->wake_fd < 0 || send(pw->wake_fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-      wire::agent_drain(pw->slot, dst_qpn);
+      wire::agent_drain(pw->slot, pw->dst_qpn);
   }
+}
+
+// A small SEND to a connected QP of another process, through the peer's receive window;
+// nullopt: take the agent path.
+std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
+                                           int nlocal, uint32_t dst_qpn) {
+  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  if (!pw) return std::nullopt;
+  uint32_t len = static_cast<uint32_t>(w.total_length);
+  wire::WindowSlot* s = window_slot(pw, len);
+  if (!s) return std::nullopt;
+  iovec dst{s->data, len};
+  wire::copy_local(&dst, 1, local, nlocal, len);
+  window_commit(pw, *s, w.opcode, w.flags, w.imm, len);
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
 }
 
 // What a peer's responder would check before letting `need` at [remote_addr, +len) of the
 // MR named by rkey, read from what it publishes: its QP's access, the MR table entry (key,
 // PD, access, range). The entry's fields, read between two looks at its key, go to *out.
-bool peer_allows(Qp::PeerWindow* pw, const SendWqe& w, unsigned need, uint64_t len,
-                 wire::MrShared* out) {
+bool peer_allows(Qp::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
+                 uint64_t len, wire::MrShared* out) {
   wire::WindowHeader* hdr = pw->hdr;
   if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
   if (need != IBV_ACCESS_REMOTE_WRITE && hdr->max_dest_rd_atomic == 0) return false;
-  uint32_t index = w.rkey >> 8;
+  uint32_t index = rkey >> 8;
   if (index == 0 || index >= wire::kMrTableCap) return false;
   const wire::MrShared& e = pw->mr_table[index];
-  if (e.key.load(std::memory_order_acquire) != w.rkey) return false;
+  if (e.key.load(std::memory_order_acquire) != rkey) return false;
   out->access = e.access;
   out->pd_token = e.pd_token;
   out->iova = e.iova;
@@ -169,10 +182,10 @@ bool peer_allows(Qp::PeerWindow* pw, const SendWqe& w, unsigned need, uint64_t l
   out->addr = e.addr;
   out->shm = e.shm;
   out->shm_length = e.shm_length;
-  if (e.key.load(std::memory_order_acquire) != w.rkey) return false;  // changed meanwhile
+  if (e.key.load(std::memory_order_acquire) != rkey) return false;  // changed meanwhile
   if (out->pd_token != hdr->pd_token || (out->access & need) != need) return false;
   uint64_t iova = out->iova, length = out->length;
-  return w.remote_addr >= iova && len <= length && w.remote_addr - iova <= length - len;
+  return remote_addr >= iova && len <= length && remote_addr - iova <= length - len;
 }
 
 // The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
@@ -196,7 +209,8 @@ std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local,
   if (!pw) return std::nullopt;
   bool write = w.opcode == IBV_WR_RDMA_WRITE;
   wire::MrShared e;
-  if (!peer_allows(pw, w, write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ, len, &e))
+  if (!peer_allows(pw, w.rkey, w.remote_addr,
+                   write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ, len, &e))
     return std::nullopt;
   Outcome done{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
   if (char* remote = shared_bytes(pw, e, w.remote_addr, len)) {
@@ -223,7 +237,7 @@ std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* loca
   Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
   if (!pw) return std::nullopt;
   wire::MrShared e;
-  if (!peer_allows(pw, w, IBV_ACCESS_REMOTE_ATOMIC, 8, &e)) return std::nullopt;
+  if (!peer_allows(pw, w.rkey, w.remote_addr, IBV_ACCESS_REMOTE_ATOMIC, 8, &e)) return std::nullopt;
   char* remote = shared_bytes(pw, e, w.remote_addr, 8);
   if (!remote) return std::nullopt;
   auto* word = reinterpret_cast<uint64_t*>(remote);
@@ -375,6 +389,79 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
     return true;  // what follows it is flushed
   }
   push_send_completion(qp, w, IBV_WC_SUCCESS, o.byte_len);
+  return true;
+}
+
+namespace {
+
+// The payload of a checked WR as iovecs: the application's addresses when inline, else its
+// buffers through their keys (caller holds the key lock). -1: a bad key.
+int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
+  bool inl = wr->send_flags & IBV_SEND_INLINE;
+  int n = 0;
+  for (int i = 0; i < wr->num_sge; ++i) {
+    const ibv_sge& g = wr->sg_list[i];
+    if (g.length == 0) continue;
+    if (inl) v[n++] = {reinterpret_cast<void*>(g.addr), g.length};
+    else if (!resolve_sge(qp->pd, g.lkey, g.addr, g.length, 0, &v[n++])) return -1;
+  }
+  return n;
+}
+
+void gather(const iovec* v, int n, void* to) {
+  auto* at = static_cast<char*>(to);
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(at, v[i].iov_base, v[i].iov_len);
+    at += v[i].iov_len;
+  }
+}
+
+}  // namespace
+
+bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
+  if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
+  if (qp->type == IBV_QPT_UD || !qp->send_path.dgid_local || !Device::instance().port_active())
+    return false;
+  if (send ? len > wire::kWindowPayload : len == 0 || len > kMaxMsgSize) return false;
+  Qp::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);
+  if (!pw) return false;
+  // Where the bytes go: the next slot of the peer's receive window, or its MR's pages.
+  wire::WindowSlot* slot = nullptr;
+  char* remote = nullptr;
+  if (send) {
+    if (!(slot = window_slot(pw, static_cast<uint32_t>(len)))) return false;
+  } else {
+    wire::MrShared e;
+    uint64_t at = wr->wr.rdma.remote_addr;
+    if (!peer_allows(pw, wr->wr.rdma.rkey, at, IBV_ACCESS_REMOTE_WRITE, len, &e) ||
+        !(remote = shared_bytes(pw, e, at, len)))
+      return false;
+  }
+  // The target spins on the line we write: from our first store into it to the last, no
+  // atomic read-modify-write may stall us until that line is ours, or the target takes it
+  // back in between and the message costs two more line transfers. So every key is
+  // resolved before the first byte is copied, and the key lock is let go only after.
+  iovec from[Limits::max_sge];
+  std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
+  if (!(wr->send_flags & IBV_SEND_INLINE)) keys.lock();
+  int n = payload_iovecs(qp, wr, from);
+  if (n < 0) return false;  // the general path reports the bad key
+  if (send) {
+    gather(from, n, slot->data);
+    window_commit(pw, *slot, wr->opcode, wr->send_flags, wr->imm_data, static_cast<uint32_t>(len));
+  } else {
+    gather(from, n, remote);
+  }
+  if (keys.owns_lock()) keys.unlock();
+  if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
+    ibv_wc wc{};
+    wc.wr_id = wr->wr_id;
+    wc.opcode = send ? IBV_WC_SEND : IBV_WC_RDMA_WRITE;
+    wc.byte_len = static_cast<uint32_t>(len);
+    wc.qp_num = qp->qpn();
+    cq_push(qp->send_cq, wc, false);
+  }
   return true;
 }
 

@@ -161,8 +161,11 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
   if (cq->has_inbound.load(std::memory_order_relaxed)) {
     if (const wire::WindowSlot* slots = cq->solo_slots.load(std::memory_order_acquire)) {
       uint64_t head = cq->solo_head.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
-      if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1)
+      if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1) {
+        if (num_entries > 0)
+          if (int n = engine::drain_solo_into(cq, num_entries, wc)) return n;
         engine::drain_inbound(cq);
+      }
     } else {
       uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
       if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {

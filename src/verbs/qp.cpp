@@ -122,9 +122,8 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
   }
 }
 
-// Validates one send WR and turns it into a WQE (copying inline data now: the
-// application may reuse the buffer as soon as ibv_post_send returns).
-int build_send_wqe(Qp* qp, const ibv_send_wr* wr, SendWqe* w) {
+// The argument checks of ibv_post_send(3) for one WR; *total gets its length.
+int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total) {
   // A C caller may store any integer in the enum: look at it as one before trusting it.
   uint32_t raw;
   std::memcpy(&raw, &wr->opcode, sizeof(raw));
@@ -132,18 +131,26 @@ int build_send_wqe(Qp* qp, const ibv_send_wr* wr, SendWqe* w) {
     return EINVAL;
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
+  uint64_t sum = 0;
+  for (int i = 0; i < wr->num_sge; ++i) sum += wr->sg_list[i].length;
+  *total = sum;
+  bool atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+  if (atomic && (sum != 8 || (wr->send_flags & IBV_SEND_INLINE))) return EINVAL;
+  bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
+  if (inl && sum > qp->cap.max_inline_data) return EINVAL;
+  return 0;
+}
+
+// Turns one checked send WR of `total` bytes into a WQE (copying inline data now: the
+// application may reuse the buffer as soon as ibv_post_send returns).
+int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w) {
   w->wr_id = wr->wr_id;
   w->opcode = wr->opcode;
   w->flags = wr->send_flags;
   w->imm = wr->imm_data;
-  uint64_t total = 0;
-  for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
   w->total_length = total;
-  bool atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-  if (atomic && (total != 8 || (wr->send_flags & IBV_SEND_INLINE))) return EINVAL;
   bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
   if (inl) {
-    if (total > qp->cap.max_inline_data) return EINVAL;
     w->inline_data.resize(total);
     size_t off = 0;
     for (int i = 0; i < wr->num_sge; ++i) {
@@ -428,10 +435,14 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       err = ENOMEM;
       break;
     }
-    SendWqe w;
-    if ((err = build_send_wqe(qp, wr, &w))) break;
+    uint64_t total;
+    if ((err = check_send_wr(qp, wr, &total))) break;
     // Nothing ahead of it: run it now, and queue it only if it must wait for a retry.
-    if (qp->sq.empty() && st == IBV_QPS_RTS && engine::run_wqe(qp, w, st)) continue;
+    bool now = qp->sq.empty() && st == IBV_QPS_RTS;
+    if (now && engine::post_now(qp, wr, total)) continue;
+    SendWqe w;
+    if ((err = build_send_wqe(qp, wr, total, &w))) break;
+    if (now && engine::run_wqe(qp, w, st)) continue;
     qp->sq.push_back(std::move(w));
   }
   if (err && bad) *bad = wr;
@@ -444,46 +455,30 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return EINVAL;
   }
-  // Validate and translate before taking the queue lock (keys before queues): a remote
-  // requester reads each receive's capacity from the receive window. A chain is taken in
-  // batches held on the stack.
-  constexpr int kBatch = 8;
   int err = 0;
-  ibv_recv_wr* first_bad = nullptr;
   std::set<uint32_t> waiters;
-  for (ibv_recv_wr* w = wr; w && !err;) {
-    RecvWqe batch[kBatch];
-    uint32_t caps[kBatch];
-    ibv_recv_wr* wrs[kBatch];
-    int n = 0;
-    for (; w && n < kBatch; w = w->next, ++n) {
-      if ((err = check_recv_wr(w, qp->cap.max_recv_sge))) {
-        first_bad = w;
-        break;
-      }
-      batch[n] = make_recv_wqe(w);
-      caps[n] = qp->type == IBV_QPT_UD ? 0 : engine::receive_capacity(qp, batch[n]);
-      wrs[n] = w;
-    }
+  {
+    // Keys before queues: a remote requester reads each receive's capacity (its buffers
+    // resolved against the key table) from the receive window.
+    std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<std::mutex> lock(qp->rq_mu);
-    for (int i = 0; i < n; ++i) {
+    for (; wr; wr = wr->next) {
+      if ((err = check_recv_wr(wr, qp->cap.max_recv_sge))) break;
       if (qp->state.load() == IBV_QPS_RESET) {
         err = EINVAL;
-        first_bad = wrs[i];
         break;
       }
       if (qp->rq.size() >= qp->cap.max_recv_wr) {
         err = ENOMEM;
-        first_bad = wrs[i];
         break;
       }
-      qp->rq.push_back(std::move(batch[i]));
-      engine::publish_receive_locked(qp, caps[i]);
+      qp->rq.push_back(make_recv_wqe(wr));
+      if (qp->window.load(std::memory_order_relaxed))
+        engine::publish_receive_locked(qp, engine::receive_capacity(qp, qp->rq.back()));
     }
-    waiters.merge(qp->rnr_waiters);
-    qp->rnr_waiters.clear();
+    if (!qp->rnr_waiters.empty()) waiters.swap(qp->rnr_waiters);
   }
-  if (err && bad) *bad = first_bad;
+  if (err && bad) *bad = wr;
   if (qp->state.load() == IBV_QPS_ERR) engine::flush(qp);
   // Senders that met an empty queue need not wait for their RNR timer.
   for (uint32_t qpn : waiters) engine::kick_qpn(qpn);

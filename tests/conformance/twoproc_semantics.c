@@ -63,6 +63,26 @@ static void responder(int s)
 	CHECK_EQ(sv_ptr(mr, SMALL)[0], 0xa2);
 	say(1);
 
+	/* 1b: a SEND gathered from two buffers, an inline SEND, a small RDMA WRITE */
+	CHECK_OK(sv_post_recv(qp, 4, mr, 0, SMALL));
+	CHECK_OK(sv_post_recv(qp, 5, mr, SMALL, SMALL));
+	say(11);
+	CHECK_EQ(hear(), 11);
+	sv_expect_wc(rcq, 4, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_EQ(wc.byte_len, 32);
+	CHECK_EQ(sv_ptr(mr, 0)[0], 0xb1);
+	CHECK_EQ(sv_ptr(mr, 15)[0], 0xb1);
+	CHECK_EQ(sv_ptr(mr, 16)[0], 0xb2);
+	CHECK_EQ(sv_ptr(mr, 31)[0], 0xb2);
+	sv_expect_wc(rcq, 5, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_EQ(wc.byte_len, 16);
+	CHECK_EQ(sv_ptr(mr, SMALL)[0], 0xb3);
+	CHECK_EQ(sv_ptr(mr, SMALL + 15)[0], 0xb3);
+	for (int i = 0; i < 8; i++)
+		CHECK_EQ(sv_ptr(mr, 12288 + i)[0], 0xb4);
+	CHECK_EQ(sv_ptr(mr, 12288 + 8)[0], 0);
+	say(11);
+
 	/* 2: a SEND larger than a window slot (agent path, cross-memory attach) */
 	CHECK_OK(sv_post_recv(qp, 3, mr, 0, LARGE_SEND));
 	say(2);
@@ -151,6 +171,34 @@ int main(void)
 	sv_expect_wc(cq, 12, IBV_WC_SUCCESS, qp, &wc);
 	say(1);
 	CHECK_EQ(hear(), 1);
+
+	sv_step("a SEND from two buffers, an inline SEND, a small RDMA WRITE, to another process");
+	CHECK_EQ(hear(), 11);
+	memset(sv_ptr(mr, 0), 0xb1, 16);
+	memset(sv_ptr(mr, 64), 0xb2, 16);
+	struct ibv_sge two[2] = {{sv_addr(mr, 0), 16, mr->lkey}, {sv_addr(mr, 64), 16, mr->lkey}};
+	sv_wr_init(&wr, &sge, 13, IBV_WR_SEND, mr, 0, 16, IBV_SEND_SIGNALED);
+	wr.sg_list = two;
+	wr.num_sge = 2;
+	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	sv_expect_wc(cq, 13, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_SEND);
+	uint8_t inl[16];
+	memset(inl, 0xb3, sizeof(inl));
+	struct ibv_sge inl_sge = {(uintptr_t)inl, sizeof(inl), 0}; /* inline: no key needed */
+	sv_wr_init(&wr, &sge, 14, IBV_WR_SEND, mr, 0, 16, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+	wr.sg_list = &inl_sge;
+	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	memset(inl, 0, sizeof(inl)); /* ours again as soon as ibv_post_send returned */
+	sv_expect_wc(cq, 14, IBV_WC_SUCCESS, qp, &wc);
+	memset(sv_ptr(mr, 128), 0xb4, 8);
+	CHECK_OK(sv_post_rdma(qp, 15, IBV_WR_RDMA_WRITE, mr, 128, 8, IBV_SEND_SIGNALED,
+			      peer.addr + 12288, peer.rkey));
+	sv_expect_wc(cq, 15, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_RDMA_WRITE);
+	CHECK_EQ(wc.qp_num, qp->qp_num);
+	say(11);
+	CHECK_EQ(hear(), 11);
 
 	sv_step("SEND of 64 KiB to another process");
 	CHECK_EQ(hear(), 2);
