@@ -129,7 +129,8 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   t->window.store(hdr, std::memory_order_release);
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-    t->recv_cq->inbound.push_back(t);
+    auto& v = t->recv_cq->inbound;
+    if (std::find(v.begin(), v.end(), t) == v.end()) v.push_back(t);  // once, if reopened
     update_solo_locked(t->recv_cq);
   }
   return off;
@@ -292,11 +293,14 @@ void close_window(Qp* t, bool deliver) {
   {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<std::mutex> lock(t->rq_mu);
-    if (!t->window.load(std::memory_order_relaxed)) return;
-    // Messages already in the ring were acknowledged to the sender: they land first.
-    if (deliver) drain_window_locked(t);
-    kill_window_locked(t);
+    if (t->window.load(std::memory_order_relaxed)) {
+      // Messages already in the ring were acknowledged to the sender: they land first.
+      if (deliver) drain_window_locked(t);
+      kill_window_locked(t);
+    }
   }
+  // Also when the window is already dead (a drain killed it, e.g. over a peer's garbage):
+  // the CQ must not keep a pointer to a QP that is about to be destroyed.
   std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
   auto& v = t->recv_cq->inbound;
   v.erase(std::remove(v.begin(), v.end(), t), v.end());
