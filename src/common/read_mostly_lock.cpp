@@ -40,8 +40,6 @@ std::atomic<uint64_t> g_next_id{1};
 
 }  // namespace
 
-thread_local ReadMostlyLock::Slot* ReadMostlyLock::t_slot = nullptr;
-
 ReadMostlyLock::ReadMostlyLock() : id_(g_next_id.fetch_add(1)) {
   int cmds = membarrier(MEMBARRIER_CMD_QUERY);
   asymmetric_ = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
