@@ -1,8 +1,9 @@
 // Requester and completer: runs the send queue, retries, completes and flushes send WQEs.
-#include <sys/socket.h>
+#include <fcntl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -51,6 +52,19 @@ bool writes_local(ibv_wr_opcode op) {
          op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
+// A wake-up fd from a peer is used only if it is what it should be, an eventfd (see
+// EventQueue), and never blocks us: a full counter makes the write fail and we ask the
+// peer's agent instead.
+bool usable_wake_fd(int fd) {
+  char path[40], target[32];
+  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, target, sizeof(target) - 1);
+  if (n <= 0) return false;
+  target[n] = 0;
+  return std::strcmp(target, "anon_inode:[eventfd]") == 0 &&
+         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
+}
+
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
 Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
@@ -80,6 +94,10 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
+  if (wake_fd >= 0 && !usable_wake_fd(wake_fd)) {
+    close(wake_fd);
+    wake_fd = -1;
+  }
   if (!ok || !cq || pid <= 0) {
     if (wake_fd >= 0) close(wake_fd);
     pw.backoff = 64;  // ask again later, not on every operation
@@ -142,8 +160,8 @@ void window_commit(Qp::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uin
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED))) {
     // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
     // have its agent drain when we have no way to reach the channel.
-    char one = 1;
-    if (pw->wake_fd < 0 || send(pw->wake_fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+    uint64_t one = 1;
+    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one))
       wire::agent_drain(pw->slot, pw->dst_qpn);
   }
 }
