@@ -97,12 +97,7 @@ void ReadMostlyLock::step_back(Slot* s) noexcept {
   do {
     s->depth.store(0, std::memory_order_release);
     writer_.wait(1, std::memory_order_acquire);
-    if (asymmetric_) {
-      s->depth.store(1, std::memory_order_relaxed);
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-    } else {
-      s->depth.exchange(1, std::memory_order_seq_cst);
-    }
+    announce(s);
   } while (writer_.load(std::memory_order_acquire));
 }
 

@@ -33,12 +33,7 @@ class ReadMostlyLock {
       s->depth.store(depth + 1, std::memory_order_relaxed);
       return;
     }
-    if (asymmetric_) {
-      s->depth.store(1, std::memory_order_relaxed);
-      std::atomic_signal_fence(std::memory_order_seq_cst);  // the writer's membarrier fences
-    } else {
-      s->depth.exchange(1, std::memory_order_seq_cst);
-    }
+    announce(s);
     if (writer_.load(std::memory_order_acquire)) step_back(s);
   }
   void unlock_shared() noexcept {
@@ -64,6 +59,15 @@ class ReadMostlyLock {
   Slot* slot() noexcept {
     Slot* s = t_slot;
     return s && s->lock_id == id_ ? s : slot_slow();
+  }
+  // Enters a first read section, visible to a writer before we look at writer_.
+  void announce(Slot* s) noexcept {
+    if (asymmetric_) {
+      s->depth.store(1, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the writer's membarrier fences
+    } else {
+      s->depth.exchange(1, std::memory_order_seq_cst);
+    }
   }
   Slot* slot_slow() noexcept;
   void step_back(Slot* s) noexcept;

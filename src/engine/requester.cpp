@@ -94,14 +94,14 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
-  if (wake_fd >= 0 && !usable_wake_fd(wake_fd)) {
-    close(wake_fd);
-    wake_fd = -1;
-  }
   if (!ok || !cq || pid <= 0) {
     if (wake_fd >= 0) close(wake_fd);
     pw.backoff = 64;  // ask again later, not on every operation
     return nullptr;
+  }
+  if (wake_fd >= 0 && !usable_wake_fd(wake_fd)) {
+    close(wake_fd);
+    wake_fd = -1;
   }
   const wire::MrShared* table = nullptr;
   uint64_t table_at = hdr->mr_table_offset;
@@ -426,14 +426,6 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
   return n;
 }
 
-void gather(const iovec* v, int n, void* to) {
-  auto* at = static_cast<char*>(to);
-  for (int i = 0; i < n; ++i) {
-    std::memcpy(at, v[i].iov_base, v[i].iov_len);
-    at += v[i].iov_len;
-  }
-}
-
 }  // namespace
 
 bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
@@ -465,12 +457,10 @@ bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
   if (!(wr->send_flags & IBV_SEND_INLINE)) keys.lock();
   int n = payload_iovecs(qp, wr, from);
   if (n < 0) return false;  // the general path reports the bad key
-  if (send) {
-    gather(from, n, slot->data);
+  iovec to{send ? static_cast<void*>(slot->data) : remote, len};
+  wire::copy_local(&to, 1, from, n, len);
+  if (send)
     window_commit(pw, *slot, wr->opcode, wr->send_flags, wr->imm_data, static_cast<uint32_t>(len));
-  } else {
-    gather(from, n, remote);
-  }
   if (keys.owns_lock()) keys.unlock();
   if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
     ibv_wc wc{};

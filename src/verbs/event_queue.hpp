@@ -101,15 +101,13 @@ class EventQueue {
       }
       int flags = ::fcntl(fd_, F_GETFL);  // only on the way to sleep
       if (flags < 0) return -1;
-      if (flags & O_NONBLOCK) {
-        epoll_event ev;
-        if (::epoll_wait(fd_, &ev, 1, 0) == 0) {
-          errno = EAGAIN;
-          return -1;
-        }
-      } else {
-        epoll_event ev;
-        if (::epoll_wait(fd_, &ev, 1, -1) < 0 && errno != EINTR) return -1;
+      bool nonblocking = flags & O_NONBLOCK;
+      epoll_event ev;
+      int ready = ::epoll_wait(fd_, &ev, 1, nonblocking ? 0 : -1);
+      if (ready < 0 && errno != EINTR) return -1;
+      if (ready == 0 && nonblocking) {
+        errno = EAGAIN;
+        return -1;
       }
       std::lock_guard<std::mutex> lock(mu_);
       drain_wakeups();
