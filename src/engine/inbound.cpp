@@ -69,7 +69,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   // are always locked before queues).
   std::vector<uint32_t> caps;
   {
-    std::lock_guard<std::mutex> lock(t->rq_mu);
+    std::lock_guard<QueueMutex> lock(t->rq_mu);
     if (wire::WindowHeader* w = t->window.load(std::memory_order_relaxed))
       return reinterpret_cast<char*>(w) - arena->base();
   }
@@ -82,7 +82,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   if (!off) return 0;
   auto* hdr = arena->at<wire::WindowHeader>(off);
   std::shared_lock keys(MrTable::instance().lock());
-  std::lock_guard<std::mutex> lock(t->rq_mu);
+  std::lock_guard<QueueMutex> lock(t->rq_mu);
   int st = t->state.load();
   if (wire::WindowHeader* w = t->window.load(std::memory_order_relaxed)) {
     arena->release(off, bytes);
@@ -108,7 +108,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->rq_cap = rq_cap;
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
   uint64_t i = 0;
-  for (const RecvWqe& r : t->rq) hdr->rq_len()[i++ & (rq_cap - 1)] = receive_capacity(t, r);
+  for (; i < t->rq.size(); ++i) hdr->rq_len()[i & (rq_cap - 1)] = receive_capacity(t, t->rq[i]);
   t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, i, 0};
   hdr->rq_posted.store(i, std::memory_order_relaxed);
   hdr->rq_taken.store(0, std::memory_order_relaxed);
@@ -137,18 +137,22 @@ void publish_receive_locked(Qp* t, uint32_t capacity) {
 namespace {
 
 // Where drained messages' completions go: the CQ's ring, or straight into ibv_poll_cq's
-// array (ToArray stops taking messages when the array is full).
+// array (ToArray stops taking messages when the array is full). A completion is built in
+// next() and handed over by put().
 struct ToCq {
   Cq* cq;
+  ibv_wc wc;
   bool room() const { return true; }
-  void put(const ibv_wc& wc, bool solicited) { cq_push(cq, wc, solicited); }
+  ibv_wc& next() { return wc = {}; }
+  void put(bool solicited) { cq_push(cq, wc, solicited); }
 };
 struct ToArray {
   ibv_wc* wc;
   int max;
   int n = 0;
   bool room() const { return n < max; }
-  void put(const ibv_wc& w, bool) { wc[n++] = w; }
+  ibv_wc& next() { return wc[n] = {}; }
+  void put(bool) { ++n; }
 };
 
 // Lands the messages waiting in t's window in its posted receives, in order. Caller holds
@@ -174,7 +178,7 @@ void drain_window_into(Qp* t, Sink& sink) {
       raise_qp_event(t, IBV_EVENT_COMM_EST);
     }
     const RecvWqe& r = t->rq.front();
-    ibv_wc wc{};
+    ibv_wc& wc = sink.next();
     wc.wr_id = r.wr_id;
     wc.qp_num = t->qpn();
     wc.src_qp = in.peer_qpn;
@@ -200,7 +204,7 @@ void drain_window_into(Qp* t, Sink& sink) {
     if (!ok || cap < len) {
       wc.status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
       wc.byte_len = 0;
-      sink.put(wc, false);
+      sink.put(false);
       hdr->head.store(in.head, std::memory_order_release);
       kill_window_locked(t);
       set_error(t, -1);
@@ -213,7 +217,7 @@ void drain_window_into(Qp* t, Sink& sink) {
       iovec src{const_cast<uint8_t*>(slot.data), len};
       wire::copy_local(dst, n, &src, 1, len);
     }
-    sink.put(wc, (flags & IBV_SEND_SOLICITED) != 0);
+    sink.put((flags & IBV_SEND_SOLICITED) != 0);
     hdr->head.store(in.head, std::memory_order_release);
   }
 }
@@ -221,7 +225,7 @@ void drain_window_into(Qp* t, Sink& sink) {
 }  // namespace
 
 void drain_window_locked(Qp* t) {
-  ToCq sink{t->recv_cq};
+  ToCq sink{t->recv_cq, {}};
   drain_window_into(t, sink);
 }
 
@@ -231,7 +235,7 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
   if (cq->inbound.size() != 1) return 0;
   Qp* t = cq->inbound.front();
   // Queues are locked before lists elsewhere: only try, and leave the rest to drain_inbound.
-  std::unique_lock<std::mutex> rq(t->rq_mu, std::try_to_lock);
+  std::unique_lock<QueueMutex> rq(t->rq_mu, std::try_to_lock);
   if (!rq.owns_lock()) return 0;
   list.unlock();  // destroying t passes through its rq_mu (close_window) first
   // The ring's completions come first (t's others are added under rq_mu, which we hold;
@@ -275,7 +279,7 @@ void drain_inbound(Cq* cq) {
   for (size_t i = 0; i < n; ++i) {
     wire::QpRef ref(busy[i]);
     std::shared_lock keys(MrTable::instance().lock());
-    std::lock_guard<std::mutex> lock(busy[i]->rq_mu);
+    std::lock_guard<QueueMutex> lock(busy[i]->rq_mu);
     drain_window_locked(busy[i]);
   }
   if (more) cq->doorbell_seen.store(0, std::memory_order_relaxed);  // next poll goes on
@@ -284,7 +288,7 @@ void drain_inbound(Cq* cq) {
 void close_window(Qp* t, bool deliver) {
   {
     std::shared_lock keys(MrTable::instance().lock());
-    std::lock_guard<std::mutex> lock(t->rq_mu);
+    std::lock_guard<QueueMutex> lock(t->rq_mu);
     if (t->window.load(std::memory_order_relaxed)) {
       // Messages already in the ring were acknowledged to the sender: they land first.
       if (deliver) drain_window_locked(t);

@@ -68,12 +68,13 @@ bool usable_wake_fd(int fd) {
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
 Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+  Qp::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr) {  // the data path's case: one we opened, still open
+    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
+    pw.hdr = nullptr;
+  }
   int slot = wire::slot_of_qpn(dst_qpn);
   if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
-  Qp::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr && (pw.dst_qpn != dst_qpn || !pw.hdr->live.load(std::memory_order_acquire)))
-    pw.hdr = nullptr;
-  if (pw.hdr) return &pw;
   if (pw.backoff) {
     --pw.backoff;
     return nullptr;
@@ -492,7 +493,7 @@ void run_send_queue(Qp* qp) {
 }
 
 void kick(Qp* qp) {
-  std::lock_guard<std::mutex> lock(qp->sq_mu);
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
   run_send_queue(qp);
 }
 
@@ -511,7 +512,7 @@ void start() {
   };
   hooks.drain = [](Qp* qp) {
     std::shared_lock keys(MrTable::instance().lock());
-    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    std::lock_guard<QueueMutex> lock(qp->rq_mu);
     drain_window_locked(qp);
   };
   wire::transport().set_engine(hooks);
@@ -536,11 +537,11 @@ void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status) {
 void flush(Qp* qp) {
   if (qp->state.load() == IBV_QPS_ERR) close_window(qp, true);
   {
-    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    std::lock_guard<QueueMutex> lock(qp->sq_mu);
     if (qp->state.load() == IBV_QPS_ERR || qp->state.load() == IBV_QPS_SQE)
       flush_send_queue_locked(qp);
   }
-  std::lock_guard<std::mutex> lock(qp->rq_mu);
+  std::lock_guard<QueueMutex> lock(qp->rq_mu);
   // Checked under the lock: a reset and new receives may have come in meanwhile.
   if (qp->state.load() != IBV_QPS_ERR) return;
   while (!qp->rq.empty()) {

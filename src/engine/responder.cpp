@@ -71,8 +71,8 @@ class RecvQueue {
 
  private:
   Qp* t_;
-  std::lock_guard<std::mutex> lock_;
-  std::deque<RecvWqe>& q_;
+  std::lock_guard<QueueMutex> lock_;
+  RingQueue<RecvWqe>& q_;
 };
 
 struct TargetAttrs {
@@ -189,7 +189,7 @@ Outcome respond(const wire::Request& req, Qp* t) {
   std::shared_lock keys(MrTable::instance().lock());
   if (t->window.load(std::memory_order_acquire)) {
     // What the peer left in the receive window came first: it lands before this request.
-    std::lock_guard<std::mutex> lock(t->rq_mu);
+    std::lock_guard<QueueMutex> lock(t->rq_mu);
     drain_window_locked(t);
   }
   const uint64_t len = req.length;
@@ -204,7 +204,7 @@ Outcome respond(const wire::Request& req, Qp* t) {
   }
   if (st == IBV_QPS_RTR && t->type != IBV_QPT_UD) {
     // First packet on a connected QP still in RTR: IBA's Communication Established.
-    std::lock_guard<std::mutex> lock(t->rq_mu);
+    std::lock_guard<QueueMutex> lock(t->rq_mu);
     if (!t->comm_est_raised) {
       t->comm_est_raised = true;
       raise_qp_event(t, IBV_EVENT_COMM_EST);

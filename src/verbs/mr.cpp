@@ -34,8 +34,9 @@ int check_access(unsigned access) {
 }
 }  // namespace
 
-MrTable& MrTable::instance() {
-  static MrTable* table = new MrTable;  // immortal: the agent may use it during exit()
+MrTable& MrTable::create() {
+  static MrTable* table = new MrTable;  // thread-safe once; immortal
+  instance_.store(table, std::memory_order_release);
   return *table;
 }
 
@@ -99,25 +100,6 @@ void MrTable::write_shared_entry(const Mr* mr) {
   e.shm = mr->shm;
   e.shm_length = mr->shm_length;
   e.key.store(mr->ibv.lkey, std::memory_order_release);
-}
-
-Mr* MrTable::find(uint32_t key) const {
-  uint32_t index = key >> 8;
-  if (index == 0 || index >= slots_.size()) return nullptr;
-  if (generation_[index] != (key & 0xff)) return nullptr;
-  return slots_[index];
-}
-
-bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, unsigned need_access,
-                 iovec* out) {
-  Mr* mr = MrTable::instance().find(key);
-  if (!mr || mr->pd != pd) return false;
-  if ((mr->access & need_access) != need_access) return false;
-  if (addr < mr->iova || length > mr->length || addr - mr->iova > mr->length - length)
-    return false;
-  out->iov_base = static_cast<char*>(mr->ibv.addr) + (addr - mr->iova);
-  out->iov_len = length;
-  return true;
 }
 
 ibv_pd* alloc_pd(Context* ctx) {

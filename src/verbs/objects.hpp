@@ -15,8 +15,10 @@
 #include <set>
 #include <vector>
 
+#include "common/queue_mutex.hpp"
 #include "common/spin_lock.hpp"
 #include "verbs/event_queue.hpp"
+#include "verbs/ring_queue.hpp"
 #include "verbs/small_vec.hpp"
 #include "wire/window.hpp"
 
@@ -177,8 +179,8 @@ struct Srq {
   uint32_t magic = kSrqMagic;
   Context* ctx;
   Pd* pd;
-  std::mutex mu;
-  std::deque<RecvWqe> rq;
+  QueueMutex mu;
+  RingQueue<RecvWqe> rq;
   uint32_t max_wr;
   uint32_t max_sge;
   uint32_t limit = 0;  // armed limit; 0 = disarmed
@@ -215,7 +217,7 @@ struct Qp {
   bool block_self_mcast = false;      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
   std::atomic<int> state{IBV_QPS_RESET};
 
-  std::mutex sq_mu;  // lock order: a QP's sq_mu before any rq lock; never two sq_mu
+  QueueMutex sq_mu;  // lock order: a QP's sq_mu before any rq lock; never two sq_mu
   std::deque<SendWqe> sq;
   bool sq_drain_notify = false;  // SQD entered with en_sqd_async_notify
   Clock::time_point retry_at{};  // head WQE waits until then (RNR / no response)
@@ -232,8 +234,8 @@ struct Qp {
     uint8_t rnr_retry = 0;
   } send_path;
 
-  std::mutex rq_mu;
-  std::deque<RecvWqe> rq;
+  QueueMutex rq_mu;
+  RingQueue<RecvWqe> rq;
   std::set<uint32_t> rnr_waiters;  // under rq_mu: QPNs of senders waiting (RNR)
   bool comm_est_raised = false;  // under rq_mu
   bool last_wqe_raised = false;  // under rq_mu

@@ -76,7 +76,7 @@ void apply_attrs(Qp* qp, const ibv_qp_attr* a, int mask) {
 }
 
 void refresh_send_path(Qp* qp) {
-  std::lock_guard<std::mutex> sq(qp->sq_mu);
+  std::lock_guard<QueueMutex> sq(qp->sq_mu);
   std::lock_guard<std::mutex> attrs(qp->attr_mu);
   Qp::SendPath& p = qp->send_path;
   const ibv_qp_attr& a = qp->attr;
@@ -92,11 +92,11 @@ void refresh_send_path(Qp* qp) {
 // RESET discards every WQE without a completion and forgets the connection.
 void reset_queues(Qp* qp) {
   {
-    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    std::lock_guard<QueueMutex> lock(qp->sq_mu);
     qp->sq.clear();
     qp->sq_drain_notify = false;
   }
-  std::lock_guard<std::mutex> lock(qp->rq_mu);
+  std::lock_guard<QueueMutex> lock(qp->rq_mu);
   qp->rq.clear();
   qp->comm_est_raised = false;
   qp->last_wqe_raised = false;
@@ -198,9 +198,11 @@ int check_recv_wr(const ibv_recv_wr* wr, uint32_t max_sge) {
   return 0;
 }
 
-RecvWqe make_recv_wqe(const ibv_recv_wr* wr) {
-  RecvWqe r;
+// Fills a queue slot in place (it keeps the SGE storage of the WQE it held before).
+RecvWqe& push_recv_wqe(RingQueue<RecvWqe>& q, const ibv_recv_wr* wr) {
+  RecvWqe& r = q.push_slot();
   r.wr_id = wr->wr_id;
+  r.sges.clear();
   r.sges.reserve(wr->num_sge);
   for (int i = 0; i < wr->num_sge; ++i)
     r.sges.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
@@ -308,7 +310,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   refresh_send_path(qp);
   if (mask & IBV_QP_ACCESS_FLAGS) {
     // A peer writing or reading straight into our memory checks these too.
-    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    std::lock_guard<QueueMutex> lock(qp->rq_mu);
     if (wire::WindowHeader* w = qp->window.load(std::memory_order_relaxed))
       w->qp_access.store(attr->qp_access_flags, std::memory_order_release);
   }
@@ -326,7 +328,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
     qp->state.store(IBV_QPS_ERR);
     engine::flush(qp);  // synchronously: flushed completions are there when we return
   } else if (next == IBV_QPS_SQD) {
-    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    std::lock_guard<QueueMutex> lock(qp->sq_mu);
     qp->state.store(IBV_QPS_SQD);
     qp->sq_drain_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;
     engine::run_send_queue(qp);  // raises SQ_DRAINED at once if nothing is in flight
@@ -352,7 +354,7 @@ int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
   if (qp->srq) attr->cap.max_recv_wr = attr->cap.max_recv_sge = 0;
   attr->path_mig_state = IBV_MIG_MIGRATED;
   if (st == IBV_QPS_SQD) {
-    std::lock_guard<std::mutex> lock(qp->sq_mu);
+    std::lock_guard<QueueMutex> lock(qp->sq_mu);
     attr->sq_draining = !qp->sq.empty() && qp->sq.front().started;
   }
   if (init) {
@@ -423,7 +425,7 @@ int destroy_qp(Qp* qp) {
 }
 
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-  std::lock_guard<std::mutex> lock(qp->sq_mu);
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
   int err = 0;
   for (; wr; wr = wr->next) {
     int st = qp->state.load();
@@ -461,7 +463,7 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     // Keys before queues: a remote requester reads each receive's capacity (its buffers
     // resolved against the key table) from the receive window.
     std::shared_lock keys(MrTable::instance().lock());
-    std::lock_guard<std::mutex> lock(qp->rq_mu);
+    std::lock_guard<QueueMutex> lock(qp->rq_mu);
     for (; wr; wr = wr->next) {
       if ((err = check_recv_wr(wr, qp->cap.max_recv_sge))) break;
       if (qp->state.load() == IBV_QPS_RESET) {
@@ -472,9 +474,9 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
         err = ENOMEM;
         break;
       }
-      qp->rq.push_back(make_recv_wqe(wr));
+      RecvWqe& r = push_recv_wqe(qp->rq, wr);
       if (qp->window.load(std::memory_order_relaxed))
-        engine::publish_receive_locked(qp, engine::receive_capacity(qp, qp->rq.back()));
+        engine::publish_receive_locked(qp, engine::receive_capacity(qp, r));
     }
     if (!qp->rnr_waiters.empty()) waiters.swap(qp->rnr_waiters);
   }
@@ -522,7 +524,7 @@ ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
 
 int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask) {
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
-  std::lock_guard<std::mutex> lock(srq->mu);
+  std::lock_guard<QueueMutex> lock(srq->mu);
   uint32_t max_wr = (mask & IBV_SRQ_MAX_WR) ? attr->max_wr : srq->max_wr;
   if (max_wr == 0 || max_wr > Limits::max_srq_wr || max_wr < srq->rq.size()) return EINVAL;
   if ((mask & IBV_SRQ_LIMIT) && attr->srq_limit > max_wr) return EINVAL;
@@ -532,7 +534,7 @@ int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask) {
 }
 
 int query_srq(Srq* srq, ibv_srq_attr* attr) {
-  std::lock_guard<std::mutex> lock(srq->mu);
+  std::lock_guard<QueueMutex> lock(srq->mu);
   attr->max_wr = srq->max_wr;
   attr->max_sge = srq->max_sge;
   attr->srq_limit = srq->limit;
@@ -559,14 +561,14 @@ int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   int err = 0;
   std::set<uint32_t> waiters;
   {
-    std::lock_guard<std::mutex> lock(srq->mu);
+    std::lock_guard<QueueMutex> lock(srq->mu);
     for (; wr; wr = wr->next) {
       if (srq->rq.size() >= srq->max_wr) {
         err = ENOMEM;
         break;
       }
       if ((err = check_recv_wr(wr, srq->max_sge))) break;
-      srq->rq.push_back(make_recv_wqe(wr));
+      push_recv_wqe(srq->rq, wr);
     }
     waiters.swap(srq->rnr_waiters);
   }

@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <functional>
 #include <shared_mutex>
 #include <vector>
@@ -97,19 +98,30 @@ int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int
 // holds for a whole operation, so an MR cannot be deregistered mid-copy.
 class MrTable {
  public:
-  static MrTable& instance();
+  static MrTable& instance() {
+    if (MrTable* t = instance_.load(std::memory_order_acquire)) return *t;
+    return create();
+  }
   ReadMostlyLock& lock() { return mu_; }
   uint32_t insert(Mr* mr);  // returns the key (lkey == rkey)
   void erase(uint32_t key);
   // Under lock(): the MR with this key, or nullptr.
-  Mr* find(uint32_t key) const;
+  Mr* find(uint32_t key) const {
+    uint32_t index = key >> 8;
+    if (index == 0 || index >= slots_.size() || generation_[index] != (key & 0xff)) return nullptr;
+    return slots_[index];
+  }
   // (Re)publishes an MR's entry in the shared MR table, for requesters in other processes.
   void publish(const Mr* mr);
   // This process's published table, in its arena (offset 0 if there is none).
   uint64_t shared_offset();
 
  private:
+  static MrTable& create();
   void write_shared_entry(const Mr* mr);  // caller holds mu_ and shared_ is set
+  // Set once, never cleared: the table is immortal (the agent may use it during exit()).
+  // Read on every work request, hence not a function-local static (a guard check per call).
+  static inline std::atomic<MrTable*> instance_{nullptr};
   wire::MrShared* shared_ = nullptr;
   uint64_t shared_offset_ = 0;
   mutable ReadMostlyLock mu_;
@@ -119,8 +131,18 @@ class MrTable {
 };
 
 // Resolves one SGE against an MR of `pd` with the given access; returns false if the key,
-// PD, range or access does not fit. Caller holds MrTable::lock().
-bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, unsigned need_access,
-                 iovec* out);
+// PD, range or access does not fit. Caller holds MrTable::lock(). Inline: every message
+// resolves two or three SGEs.
+inline bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length,
+                        unsigned need_access, iovec* out) {
+  Mr* mr = MrTable::instance().find(key);
+  if (!mr || mr->pd != pd) return false;
+  if ((mr->access & need_access) != need_access) return false;
+  if (addr < mr->iova || length > mr->length || addr - mr->iova > mr->length - length)
+    return false;
+  out->iov_base = static_cast<char*>(mr->ibv.addr) + (addr - mr->iova);
+  out->iov_len = length;
+  return true;
+}
 
 }  // namespace softverbs

@@ -55,7 +55,7 @@ bool cross_copy(const Request& req, const iovec* ours, int nours, uint64_t len, 
 
 }  // namespace
 
-void copy_local(const iovec* dst, int ndst, const iovec* src, int nsrc, uint64_t len) {
+void copy_scattered(const iovec* dst, int ndst, const iovec* src, int nsrc, uint64_t len) {
   int di = 0, si = 0;
   size_t doff = 0, soff = 0;
   while (len > 0 && di < ndst && si < nsrc) {
