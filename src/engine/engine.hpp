@@ -45,6 +45,9 @@ void set_error(Qp* qp, int event);
 // Completes every outstanding WQE with IBV_WC_WR_FLUSH_ERR. Caller holds no QP lock.
 void flush(Qp* qp);
 void flush_send_queue_locked(Qp* qp);  // caller holds qp->sq_mu
+// Forgets the peer's receive window (requester side), unmapping the peer's memory if no
+// other QP uses it. Caller holds qp->sq_mu, or is destroying qp.
+void drop_peer_window(Qp* qp);
 // A CQ overran: raise CQ_ERR (first time) and move every QP feeding it to ERR.
 void cq_overrun(Cq* cq, bool first);
 

@@ -109,7 +109,8 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
   uint64_t i = 0;
   for (; i < t->rq.size(); ++i) hdr->rq_len()[i & (rq_cap - 1)] = receive_capacity(t, t->rq[i]);
-  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, i, 0};
+  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, i, 0, off, bytes,
+                wire::slot_owner(wire::slot_of_qpn(peer_qpn))};
   hdr->rq_posted.store(i, std::memory_order_relaxed);
   hdr->rq_taken.store(0, std::memory_order_relaxed);
   hdr->head.store(0, std::memory_order_relaxed);
@@ -297,10 +298,19 @@ void close_window(Qp* t, bool deliver) {
   }
   // Also when the window is already dead (a drain killed it, e.g. over a peer's garbage):
   // the CQ must not keep a pointer to a QP that is about to be destroyed.
-  std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-  auto& v = t->recv_cq->inbound;
-  v.erase(std::remove(v.begin(), v.end(), t), v.end());
-  update_solo_locked(t->recv_cq);
+  {
+    std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
+    auto& v = t->recv_cq->inbound;
+    v.erase(std::remove(v.begin(), v.end(), t), v.end());
+    update_solo_locked(t->recv_cq);
+  }
+  // Nothing of ours points into the block any more; the peer may, until it is gone.
+  std::lock_guard<QueueMutex> lock(t->rq_mu);
+  Qp::InboundWindow& in = t->inbound;
+  if (in.offset && !t->window.load(std::memory_order_relaxed)) {
+    if (wire::Arena* arena = wire::Arena::self()) arena->retire(in.offset, in.bytes, in.writer);
+    in.offset = 0;
+  }
 }
 
 }  // namespace softverbs::engine

@@ -65,13 +65,28 @@ bool usable_wake_fd(int fd) {
          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
 }
 
+}  // namespace
+
+void drop_peer_window(Qp* qp) {
+  Qp::PeerWindow& pw = qp->peer_window;
+  pw.hdr = nullptr;
+  if (pw.wake_fd >= 0) close(pw.wake_fd);
+  pw.wake_fd = -1;
+  wire::unmap_peer_arena(pw.arena);  // the last window into that peer unmaps its memory
+  pw.arena = {};
+  pw.mr = nullptr;
+  pw.mr_fd = -1;
+}
+
+namespace {
+
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
 Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   Qp::PeerWindow& pw = qp->peer_window;
   if (pw.hdr) {  // the data path's case: one we opened, still open
     if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
-    pw.hdr = nullptr;
+    drop_peer_window(qp);
   }
   int slot = wire::slot_of_qpn(dst_qpn);
   if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
@@ -97,6 +112,7 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.wake_fd = -1;
   if (!ok || !cq || pid <= 0) {
     if (wake_fd >= 0) close(wake_fd);
+    wire::unmap_peer_arena(arena);
     pw.backoff = 64;  // ask again later, not on every operation
     return nullptr;
   }
@@ -111,11 +127,21 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
                                                sizeof(wire::MrShared) * wire::kMrTableCap);
   bool cross_memory = pw.cross_memory && !wire::cross_memory_disabled();
   char* base = reinterpret_cast<char*>(hdr);
-  pw = {hdr, cq, table, reinterpret_cast<wire::WindowSlot*>(base + slots_at),
-        reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader)), rq_cap, slot, pid,
-        dst_qpn, 0, cross_memory, wake_fd};
+  pw = Qp::PeerWindow{};  // fresh counts
+  pw.hdr = hdr;
+  pw.cq = cq;
+  pw.mr_table = table;
+  pw.slots = reinterpret_cast<wire::WindowSlot*>(base + slots_at);
+  pw.rq_len = reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader));
+  pw.rq_cap = rq_cap;
+  pw.slot = slot;
+  pw.pid = pid;
+  pw.dst_qpn = dst_qpn;
+  pw.cross_memory = cross_memory;
+  pw.wake_fd = wake_fd;
   pw.mr = arena.mr;
   pw.mr_fd = arena.mr_fd;
+  pw.arena = arena;
   return &pw;
 }
 

@@ -20,6 +20,7 @@
 #include "verbs/event_queue.hpp"
 #include "verbs/ring_queue.hpp"
 #include "verbs/small_vec.hpp"
+#include "wire/arena.hpp"
 #include "wire/window.hpp"
 
 namespace softverbs {
@@ -255,6 +256,11 @@ struct Qp {
     uint32_t peer_qpn = 0;
     uint64_t posted = 0;  // receives published
     uint64_t head = 0;    // messages consumed
+    // The window's block in our arena, given back when the window is closed (the writer
+    // may still be alive: Arena::retire), and the process allowed to write it.
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    pid_t writer = 0;
   } inbound;
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   struct PeerWindow {
@@ -281,6 +287,7 @@ struct Qp {
     char* mr = nullptr;    // the peer's MR memfd as mapped here (wire::PeerArena), or nullptr
     int mr_fd = -1;        // owned by the arena cache
     uint64_t mr_known = 0; // its size when last looked at
+    wire::PeerArena arena;  // the mapping all of the above points into (one reference)
   } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }

@@ -416,7 +416,7 @@ int destroy_qp(Qp* qp) {
   qp->send_cq->users--;
   qp->recv_cq->users--;
   if (qp->srq) qp->srq->users--;
-  if (qp->peer_window.wake_fd >= 0) close(qp->peer_window.wake_fd);
+  engine::drop_peer_window(qp);
   pthread_mutex_destroy(&q->mutex);
   pthread_cond_destroy(&q->cond);
   qp->magic = kDead;

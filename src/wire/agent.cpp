@@ -456,6 +456,22 @@ void drop(Connection& c) {
   c.fd = -1;
 }
 
+// Under c.mu: connects if needed and sends m (its copy_mode set for the connection). A
+// socket kept from an earlier process in this slot (it exited, a new one took the slot)
+// fails with EPIPE on the first send: then we connect afresh, once.
+bool send_request(Connection& c, int slot, WireRequest& m, int flags) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!ensure_connected(c, slot)) return false;
+    m.copy_mode = c.mode;
+    if (send(c.fd, &m, sizeof(m), MSG_NOSIGNAL | flags) == static_cast<ssize_t>(sizeof(m)))
+      return true;
+    bool stale = errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN;
+    drop(c);
+    if (!stale) return false;
+  }
+  return false;
+}
+
 WireRequest encode(const Request& req, uint32_t kind) {
   WireRequest m{};
   m.magic = kMagic;
@@ -502,12 +518,10 @@ void start_agent(const EngineHooks& hooks) {
 Reply agent_call(int slot, const Request& req) {
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
-  if (!ensure_connected(*c, slot)) return {Reply::NoResponse};
   WireRequest m = encode(req, kExecute);
-  m.copy_mode = c->mode;
-  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m)) ||
-      (c->mode == kThroughSocket && carries_payload(m.opcode) &&
-       !send_chunks(c->fd, req.local, req.nlocal, req.length))) {
+  if (!send_request(*c, slot, m, 0)) return {Reply::NoResponse};
+  if (c->mode == kThroughSocket && carries_payload(m.opcode) &&
+      !send_chunks(c->fd, req.local, req.nlocal, req.length)) {
     drop(*c);
     return {Reply::NoResponse};
   }
@@ -539,12 +553,10 @@ Reply agent_call(int slot, const Request& req) {
 
 // Sends a message that gets no answer; a full or broken connection drops it (the peer's
 // state, not ours, decides what happens next).
-static void send_oneway(int slot, const WireRequest& m) {
+static void send_oneway(int slot, WireRequest m) {
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
-  if (!ensure_connected(*c, slot)) return;
-  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(m)))
-    drop(*c);
+  (void)send_request(*c, slot, m, MSG_DONTWAIT);
 }
 
 void agent_kick(int slot, uint32_t qpn) {
@@ -560,16 +572,12 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   *wake_fd = -1;
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
-  if (!ensure_connected(*c, slot)) return 0;
   WireRequest m{};
   m.magic = kMagic;
   m.kind = kOpenWindow;
   m.src_qpn = src_qpn;
   m.dst_qpn = dst_qpn;
-  if (send(c->fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
-    drop(*c);
-    return 0;
-  }
+  if (!send_request(*c, slot, m, 0)) return 0;
   pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
   int fds[kMaxFds] = {-1, -1, -1, -1};

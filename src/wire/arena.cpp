@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <string>
@@ -33,7 +35,31 @@ struct PeerKey {
   pid_t pid;
   bool operator<(const PeerKey& o) const { return slot != o.slot ? slot < o.slot : pid < o.pid; }
 };
-std::map<PeerKey, PeerArena>* g_peers = new std::map<PeerKey, PeerArena>;
+struct PeerMapping {
+  PeerArena arena;
+  int refs = 0;
+};
+std::map<PeerKey, PeerMapping>* g_peers = new std::map<PeerKey, PeerMapping>;
+
+// Blocks whose writer process was alive when they were given back (Arena::retire).
+struct Retired {
+  uint64_t offset;
+  size_t bytes;
+  pid_t writer;
+};
+std::vector<Retired>& g_retired = *new std::vector<Retired>;
+
+// kill(0) cannot tell a pid that was reused from the writer itself; erring that way only
+// keeps a block out of use longer.
+bool gone(pid_t pid) { return pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH); }
+
+// Under g_mu: frees the retired blocks whose writer is gone.
+void reclaim_retired_locked() {
+  auto dead = std::partition(g_retired.begin(), g_retired.end(),
+                             [](const Retired& r) { return !gone(r.writer); });
+  for (auto it = dead; it != g_retired.end(); ++it) g_free.emplace(it->bytes, it->offset);
+  g_retired.erase(dead, g_retired.end());
+}
 
 }  // namespace
 
@@ -45,6 +71,7 @@ Arena* Arena::self() {
   g_self = nullptr;
   g_next = kAlign;
   g_free.clear();
+  g_retired.clear();
   int fd = memfd_create("softverbs-arena", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
   if (ftruncate(fd, static_cast<off_t>(kArenaSize)) != 0) {
@@ -93,6 +120,7 @@ uint64_t Arena::allocate_published(size_t bytes) {
 uint64_t Arena::allocate(size_t bytes) {
   bytes = (bytes + kAlign - 1) / kAlign * kAlign;
   std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_retired.empty()) reclaim_retired_locked();
   auto it = g_free.find(bytes);
   if (it != g_free.end()) {
     uint64_t off = it->second;
@@ -111,6 +139,20 @@ void Arena::release(uint64_t offset, size_t bytes) {
   bytes = (bytes + kAlign - 1) / kAlign * kAlign;
   std::lock_guard<std::mutex> lock(g_mu);
   g_free.emplace(bytes, offset);
+}
+
+void Arena::retire(uint64_t offset, size_t bytes, pid_t writer) {
+  if (!offset) return;
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (gone(writer)) g_free.emplace(bytes, offset);
+  else g_retired.push_back({offset, bytes, writer});
+}
+
+size_t Arena::retired_blocks() const {
+  std::lock_guard<std::mutex> lock(g_mu);
+  reclaim_retired_locked();
+  return g_retired.size();
 }
 
 namespace {
@@ -144,23 +186,46 @@ void map_peer_mr(int fd, PeerArena* mapped) {
 
 PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd, int mr_fd) {
   std::lock_guard<std::mutex> lock(g_mu);
-  auto& cached = (*g_peers)[{slot, pid}];
-  if (cached.base) {
+  PeerMapping& cached = (*g_peers)[{slot, pid}];
+  if (cached.arena.base) {
     close(fd);
     if (published_fd >= 0) close(published_fd);
     if (mr_fd >= 0) close(mr_fd);
-    return cached;
+    ++cached.refs;
+    return cached.arena;
   }
   PeerArena mapped;
+  mapped.slot = slot;
+  mapped.pid = pid;
   mapped.base = map_whole(fd, PROT_READ | PROT_WRITE, &mapped.size);
   mapped.published = map_whole(published_fd, PROT_READ, &mapped.published_size);
   if (!mapped.base) {
+    if (mapped.published) munmap(const_cast<char*>(mapped.published), mapped.published_size);
     if (mr_fd >= 0) close(mr_fd);
+    g_peers->erase({slot, pid});
     return {};
   }
   map_peer_mr(mr_fd, &mapped);
-  cached = mapped;
-  return cached;
+  cached = {mapped, 1};
+  return mapped;
+}
+
+void unmap_peer_arena(const PeerArena& arena) {
+  if (!arena.base) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_peers->find({arena.slot, arena.pid});
+  if (it == g_peers->end() || it->second.arena.base != arena.base || --it->second.refs > 0) return;
+  PeerArena& a = it->second.arena;
+  munmap(a.base, a.size);
+  if (a.published) munmap(const_cast<char*>(a.published), a.published_size);
+  if (a.mr) munmap(a.mr, kPeerMrReserve);
+  if (a.mr_fd >= 0) close(a.mr_fd);
+  g_peers->erase(it);
+}
+
+size_t mapped_peer_arenas() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_peers->size();
 }
 
 char* peer_mr_span(char* mr, int mr_fd, uint64_t offset, uint64_t bytes, uint64_t* known_size) {
@@ -173,12 +238,6 @@ char* peer_mr_span(char* mr, int mr_fd, uint64_t offset, uint64_t bytes, uint64_
     if (offset + bytes > *known_size) return nullptr;
   }
   return mr + offset;
-}
-
-PeerArena find_peer_arena(int slot, pid_t pid) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_peers->find({slot, pid});
-  return it == g_peers->end() ? PeerArena{} : it->second;
 }
 
 }  // namespace softverbs::wire

@@ -29,6 +29,11 @@ class Arena {
   // Fixed-size blocks; offsets are what peers are told. 0 means "no memory".
   uint64_t allocate(size_t bytes);
   void release(uint64_t offset, size_t bytes);
+  // Releases a block that process `writer` may still write into (a receive window): only
+  // once that process is gone, checked now and on later allocations. Until then the block
+  // stays out of use, so a late write from it can never land in someone else's window.
+  void retire(uint64_t offset, size_t bytes, pid_t writer);
+  size_t retired_blocks() const;  // retired, writer still alive
   template <typename T>
   T* at(uint64_t offset) const {
     return reinterpret_cast<T*>(base_ + offset);
@@ -47,8 +52,10 @@ class Arena {
 // How much of a peer's MR memfd (wire/mr_shm.hpp) we reserve address space for.
 inline constexpr uint64_t kPeerMrReserve = uint64_t{64} << 30;
 
-// A peer's arena as mapped here (cached per process slot and pid).
+// A peer's arena as mapped here (shared per process slot and pid, and counted).
 struct PeerArena {
+  int slot = 0;  // the mapping's key
+  pid_t pid = 0;
   char* base = nullptr;
   size_t size = 0;
   const char* published = nullptr;  // mapped read-only
@@ -71,8 +78,12 @@ struct PeerArena {
 
 // Maps (or finds the mapping of) the arena of the process in `slot`: `fd` read-write,
 // `published_fd` (may be -1) read-only, `mr_fd` (may be -1) its MR memfd. Takes the fds.
+// Each call that returns a mapping (base != nullptr) holds one reference to it, dropped
+// with unmap_peer_arena; with the last one the peer's memory is unmapped (a dead peer's
+// memfds, its registered memory included, are freed then).
 PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd, int mr_fd);
-PeerArena find_peer_arena(int slot, pid_t pid);
+void unmap_peer_arena(const PeerArena& arena);
+size_t mapped_peer_arenas();  // distinct peers mapped now
 
 // Where [offset, offset + bytes) of a peer's MR memfd (mapped at `mr`) is here, or nullptr
 // when that is not inside the file; *known_size caches the file's size, refreshed with
