@@ -2,6 +2,7 @@
 #include "common/read_mostly_lock.hpp"
 
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -38,9 +39,50 @@ std::mutex& registry_mu() {
 }
 std::atomic<uint64_t> g_next_id{1};
 
+// Every live lock, for the fork handlers (under registry_mu).
+std::vector<ReadMostlyLock*>& all_locks() {
+  static auto* v = new std::vector<ReadMostlyLock*>;
+  return *v;
+}
+
 }  // namespace
 
+void ReadMostlyLock::before_fork() noexcept {
+  registry_mu().lock();
+  for (ReadMostlyLock* l : all_locks()) {
+    l->writers_.lock();
+    l->slots_mu_.lock();
+  }
+}
+
+void ReadMostlyLock::parent_after_fork() noexcept {
+  for (ReadMostlyLock* l : all_locks()) {
+    l->slots_mu_.unlock();
+    l->writers_.unlock();
+  }
+  registry_mu().unlock();
+}
+
+void ReadMostlyLock::child_after_fork() noexcept {
+  for (ReadMostlyLock* l : all_locks()) {
+    for (Slot* s = l->slots_; s; s = s->next) {
+      bool ours = !t_exited && std::find(t_slots.slots.begin(), t_slots.slots.end(), s) !=
+                                   t_slots.slots.end();
+      if (!ours) s->depth.store(0, std::memory_order_relaxed);  // its thread is gone
+    }
+    l->slots_mu_.unlock();
+    l->writers_.unlock();
+  }
+  registry_mu().unlock();
+}
+
 ReadMostlyLock::ReadMostlyLock() : id_(g_next_id.fetch_add(1)) {
+  {
+    std::lock_guard<std::mutex> r(registry_mu());
+    static bool handlers = (pthread_atfork(&before_fork, &parent_after_fork, &child_after_fork), true);
+    (void)handlers;
+    all_locks().push_back(this);
+  }
   int cmds = membarrier(MEMBARRIER_CMD_QUERY);
   asymmetric_ = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
                 membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
@@ -51,6 +93,8 @@ ReadMostlyLock::~ReadMostlyLock() {
   std::lock_guard<std::mutex> r(registry_mu());
   std::lock_guard<std::mutex> g(slots_mu_);
   for (Slot* s = slots_; s; s = s->next) s->lock = nullptr;
+  auto& v = all_locks();
+  v.erase(std::remove(v.begin(), v.end(), this), v.end());
 }
 
 ReadMostlyLock::Slot* ReadMostlyLock::slot_slow() noexcept {

@@ -47,6 +47,13 @@ class ReadMostlyLock {
   // Forgets the exiting thread's slots (run by a thread_local destructor).
   static void unregister_thread() noexcept;
 
+  // fork(2) handlers (registered once): no writer is half-way through at the fork, and in
+  // the child the read sections of threads that did not survive it are closed, so that
+  // the child's first writer does not wait for them forever.
+  static void before_fork() noexcept;
+  static void parent_after_fork() noexcept;
+  static void child_after_fork() noexcept;
+
  private:
   // One per thread that ever read; the writer looks at all of them.
   struct Slot {

@@ -3,6 +3,7 @@
 // process this process is connected to, with a timeout at the next retry deadline; it
 // never spins.
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -48,6 +49,9 @@ class Progress {
     flushes_.push_back(qpn);
     wake();
   }
+  void lock_for_fork() { mu_.lock(); }
+  void unlock_after_fork() { mu_.unlock(); }  // the child restarts the thread on first use
+
   void watch(int slot, pid_t pid) {
     std::lock_guard<std::mutex> lock(mu_);
     start_locked();
@@ -170,7 +174,14 @@ class Progress {
 
 Progress& progress() {
   // Never destroyed: the detached thread may still use it while the process exits.
-  static Progress* p = new Progress;
+  static Progress* p = [] {
+    auto* made = new Progress;
+    // The thread holds mu_ while it works: a fork then must not leave the child a mutex
+    // locked by a thread it does not have (its first verb would hang there).
+    pthread_atfork([] { progress().lock_for_fork(); }, [] { progress().unlock_after_fork(); },
+                   [] { progress().unlock_after_fork(); });
+    return made;
+  }();
   return *p;
 }
 
