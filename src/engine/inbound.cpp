@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <vector>
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
@@ -65,9 +64,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
     std::lock_guard<std::mutex> lock(t->attr_mu);
     if (t->attr.dest_qp_num != peer_qpn) return 0;
   }
-  // Capacities of the receives already posted, computed before taking the RQ lock (keys
-  // are always locked before queues).
-  std::vector<uint32_t> caps;
+  // Already open? (Checked again below, under the key lock: keys before queues.)
   {
     std::lock_guard<QueueMutex> lock(t->rq_mu);
     if (wire::WindowHeader* w = t->window.load(std::memory_order_relaxed))

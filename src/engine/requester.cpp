@@ -74,8 +74,6 @@ void drop_peer_window(Qp* qp) {
   pw.wake_fd = -1;
   wire::unmap_peer_arena(pw.arena);  // the last window into that peer unmaps its memory
   pw.arena = {};
-  pw.mr = nullptr;
-  pw.mr_fd = -1;
 }
 
 namespace {
@@ -134,13 +132,10 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.slots = reinterpret_cast<wire::WindowSlot*>(base + slots_at);
   pw.rq_len = reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader));
   pw.rq_cap = rq_cap;
-  pw.slot = slot;
   pw.pid = pid;
   pw.dst_qpn = dst_qpn;
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
-  pw.mr = arena.mr;
-  pw.mr_fd = arena.mr_fd;
   pw.arena = arena;
   return &pw;
 }
@@ -189,7 +184,7 @@ void window_commit(Qp::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uin
     // have its agent drain when we have no way to reach the channel.
     uint64_t one = 1;
     if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one))
-      wire::agent_drain(pw->slot, pw->dst_qpn);
+      wire::agent_drain(pw->arena.slot, pw->dst_qpn);
   }
 }
 
@@ -236,10 +231,10 @@ bool peer_allows(Qp::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsign
 // The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
 // mapped (decision 0005); nullptr otherwise.
 char* shared_bytes(Qp::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
-  if (!pw->mr || e.shm < wire::kMrShmFirst) return nullptr;
+  if (!pw->arena.mr || e.shm < wire::kMrShmFirst) return nullptr;
   uint64_t at = remote_addr - e.iova;  // within the MR (checked by peer_allows)
   if (at > e.shm_length || len > e.shm_length - at) return nullptr;  // reaches the private tail
-  return wire::peer_mr_span(pw->mr, pw->mr_fd, e.shm + at, len, &pw->mr_known);
+  return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
 }
 
 // RDMA WRITE / READ to a connected QP of another process, straight into / out of its

@@ -271,7 +271,6 @@ struct Qp {
     wire::WindowSlot* slots = nullptr;
     const uint32_t* rq_len = nullptr;
     uint32_t rq_cap = 0;
-    int slot = 0;
     pid_t pid = 0;
     uint32_t dst_qpn = 0;
     uint32_t backoff = 0;  // operations to skip before asking for a window again
@@ -284,10 +283,10 @@ struct Qp {
     uint64_t posted = 0;  // receives the target had published when last read
     uint64_t head = 0;    // messages the target had consumed when last read
     bool resync = true;   // read rq_taken before the next message
-    char* mr = nullptr;    // the peer's MR memfd as mapped here (wire::PeerArena), or nullptr
-    int mr_fd = -1;        // owned by the arena cache
-    uint64_t mr_known = 0; // its size when last looked at
-    wire::PeerArena arena;  // the mapping all of the above points into (one reference)
+    // The mapping all of the above points into (one reference), with the peer's MR memfd
+    // (arena.mr, or nullptr) and its size when last looked at.
+    wire::PeerArena arena;
+    uint64_t mr_known = 0;
   } peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }

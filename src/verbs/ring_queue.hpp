@@ -1,7 +1,7 @@
 // A FIFO over a power-of-two ring whose elements stay constructed when popped: a receive
 // queue reuses its WQEs (and their SGE storage) instead of allocating, which std::deque
-// does every few elements. Grows by doubling when full; callers bound it by the queue's
-// max_wr, and reserve that up front.
+// does every few elements. Grows by doubling when full (callers bound it by the queue's
+// max_wr).
 #pragma once
 
 #include <cstddef>
@@ -16,9 +16,6 @@ class RingQueue {
  public:
   bool empty() const { return head_ == tail_; }
   size_t size() const { return static_cast<size_t>(tail_ - head_); }
-  void reserve(size_t n) {
-    if (n > slots_.size()) regrow(n);
-  }
   // i-th element from the front.
   T& operator[](size_t i) { return slots_[(head_ + i) & mask_]; }
   const T& operator[](size_t i) const { return slots_[(head_ + i) & mask_]; }
@@ -29,7 +26,6 @@ class RingQueue {
     if (size() == slots_.size()) regrow(slots_.size() + 1);
     return slots_[tail_++ & mask_];
   }
-  void push_back(T v) { push_slot() = std::move(v); }
   void pop_front() { ++head_; }
   void clear() { head_ = tail_ = 0; }
 

@@ -24,6 +24,9 @@ constexpr size_t kArenaSize = size_t{256} << 20;  // sparse: only touched pages 
 constexpr size_t kAlign = 4096;
 constexpr size_t kPublishedSize = size_t{16} << 20;
 
+// Blocks are handed out, freed and retired in multiples of kAlign.
+size_t whole_blocks(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
 std::mutex g_mu;
 pid_t g_owner = 0;
 Arena* g_self = nullptr;
@@ -109,7 +112,7 @@ Arena* Arena::self() {
 }
 
 uint64_t Arena::allocate_published(size_t bytes) {
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
   if (!published_base_ || published_next_ + bytes > published_size_) return 0;
   uint64_t off = published_next_;
@@ -118,7 +121,7 @@ uint64_t Arena::allocate_published(size_t bytes) {
 }
 
 uint64_t Arena::allocate(size_t bytes) {
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_retired.empty()) reclaim_retired_locked();
   auto it = g_free.find(bytes);
@@ -136,24 +139,19 @@ uint64_t Arena::allocate(size_t bytes) {
 
 void Arena::release(uint64_t offset, size_t bytes) {
   if (!offset) return;
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
   g_free.emplace(bytes, offset);
 }
 
 void Arena::retire(uint64_t offset, size_t bytes, pid_t writer) {
   if (!offset) return;
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
   if (gone(writer)) g_free.emplace(bytes, offset);
   else g_retired.push_back({offset, bytes, writer});
 }
 
-size_t Arena::retired_blocks() const {
-  std::lock_guard<std::mutex> lock(g_mu);
-  reclaim_retired_locked();
-  return g_retired.size();
-}
 
 namespace {
 // Maps all of `fd` (then closes it); nullptr on failure.
@@ -221,11 +219,6 @@ void unmap_peer_arena(const PeerArena& arena) {
   if (a.mr) munmap(a.mr, kPeerMrReserve);
   if (a.mr_fd >= 0) close(a.mr_fd);
   g_peers->erase(it);
-}
-
-size_t mapped_peer_arenas() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_peers->size();
 }
 
 char* peer_mr_span(char* mr, int mr_fd, uint64_t offset, uint64_t bytes, uint64_t* known_size) {

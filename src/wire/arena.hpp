@@ -33,7 +33,6 @@ class Arena {
   // once that process is gone, checked now and on later allocations. Until then the block
   // stays out of use, so a late write from it can never land in someone else's window.
   void retire(uint64_t offset, size_t bytes, pid_t writer);
-  size_t retired_blocks() const;  // retired, writer still alive
   template <typename T>
   T* at(uint64_t offset) const {
     return reinterpret_cast<T*>(base_ + offset);
@@ -83,7 +82,6 @@ struct PeerArena {
 // memfds, its registered memory included, are freed then).
 PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd, int mr_fd);
 void unmap_peer_arena(const PeerArena& arena);
-size_t mapped_peer_arenas();  // distinct peers mapped now
 
 // Where [offset, offset + bytes) of a peer's MR memfd (mapped at `mr`) is here, or nullptr
 // when that is not inside the file; *known_size caches the file's size, refreshed with
