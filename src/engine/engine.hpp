@@ -64,7 +64,7 @@ Clock::duration ack_timeout(uint8_t timeout);
 // Receive windows, target side (inbound.cpp).
 uint64_t open_window(Qp* t, uint32_t peer_qpn);  // arena offset, 0 if not possible
 // 0 if its buffers fail the checks. Caller holds the key lock (shared).
-uint32_t receive_capacity(Qp* t, const RecvWqe& r);
+uint32_t receive_capacity(Qp* t, RecvWqe& r);
 void publish_receive_locked(Qp* t, uint32_t capacity);  // caller holds t->rq_mu
 void drain_window_locked(Qp* t);  // caller holds the key lock (shared) and t->rq_mu
 void drain_inbound(Cq* cq);

@@ -46,13 +46,21 @@ void kill_window_locked(Qp* t) {
 
 }  // namespace
 
-uint32_t receive_capacity(Qp* t, const RecvWqe& r) {
+uint32_t receive_capacity(Qp* t, RecvWqe& r) {
   uint64_t cap = 0;
+  int buffers = 0;
+  iovec v{};
+  r.place = nullptr;
   for (const Sge& s : r.sges) {
     if (s.length == 0) continue;
-    iovec v;
     if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &v)) return 0;
     cap += s.length;
+    ++buffers;
+  }
+  if (buffers == 1) {
+    r.place = v.iov_base;
+    r.place_len = static_cast<uint32_t>(v.iov_len);
+    r.place_changes = MrTable::instance().changes();
   }
   return static_cast<uint32_t>(std::min<uint64_t>(cap, UINT32_MAX));
 }
@@ -190,11 +198,16 @@ void drain_window_into(Qp* t, Sink& sink) {
     int n = 0;
     uint64_t cap = 0;
     bool ok = true;
-    for (const Sge& s : r.sges) {
-      if (s.length == 0) continue;
-      if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &dst[n])) ok = false;
-      ++n;
-      cap += s.length;
+    if (r.place && r.place_changes == MrTable::instance().changes()) {
+      dst[n++] = {r.place, r.place_len};  // resolved when posted, and no MR changed since
+      cap = r.place_len;
+    } else {
+      for (const Sge& s : r.sges) {
+        if (s.length == 0) continue;
+        if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &dst[n])) ok = false;
+        ++n;
+        cap += s.length;
+      }
     }
     t->rq.pop_front();
     in.head = head + 1;

@@ -64,6 +64,7 @@ void MrTable::erase(uint32_t key) {
     slots_[index] = nullptr;
     free_.push_back(index);
   }
+  note_change();
   if (shared_ && index < wire::kMrTableCap) shared_[index].key.store(0, std::memory_order_release);
 }
 
@@ -165,6 +166,7 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
     return IBV_REREG_MR_ERR_INPUT;
   if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
   std::unique_lock lock(MrTable::instance().lock());
+  MrTable::instance().note_change();
   // The pages moved for the old translation or access go back; the new ones move if they may.
   if (mr->shm) wire::mr_shm_release(mr->ibv.addr);
   mr->shm = mr->shm_length = 0;

@@ -150,6 +150,12 @@ using SgeList = SmallVec<Sge, 2>;
 struct RecvWqe {
   uint64_t wr_id;
   SgeList sges;
+  // A receive with one buffer, resolved when its capacity was published (receive windows):
+  // where a message lands, valid while MrTable::changes() still equals `place_changes`.
+  // Saves the drain a key lookup on the polled critical path.
+  void* place = nullptr;
+  uint32_t place_len = 0;
+  uint64_t place_changes = 0;
 };
 
 struct SendWqe {

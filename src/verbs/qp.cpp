@@ -202,10 +202,11 @@ int check_recv_wr(const ibv_recv_wr* wr, uint32_t max_sge) {
 RecvWqe& push_recv_wqe(RingQueue<RecvWqe>& q, const ibv_recv_wr* wr) {
   RecvWqe& r = q.push_slot();
   r.wr_id = wr->wr_id;
-  r.sges.clear();
-  r.sges.reserve(wr->num_sge);
+  r.place = nullptr;  // resolved again when published (receive_capacity)
+  r.sges.resize(wr->num_sge);
+  Sge* to = r.sges.data();
   for (int i = 0; i < wr->num_sge; ++i)
-    r.sges.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
+    to[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
   return r;
 }
 
@@ -458,7 +459,7 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EINVAL;
   }
   int err = 0;
-  std::set<uint32_t> waiters;
+  std::vector<uint32_t> waiters;  // empty on the data path: no allocation, nothing to free
   {
     // Keys before queues: a remote requester reads each receive's capacity (its buffers
     // resolved against the key table) from the receive window.
@@ -478,7 +479,10 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       if (qp->window.load(std::memory_order_relaxed))
         engine::publish_receive_locked(qp, engine::receive_capacity(qp, r));
     }
-    if (!qp->rnr_waiters.empty()) waiters.swap(qp->rnr_waiters);
+    if (!qp->rnr_waiters.empty()) {
+      waiters.assign(qp->rnr_waiters.begin(), qp->rnr_waiters.end());
+      qp->rnr_waiters.clear();
+    }
   }
   if (err && bad) *bad = wr;
   if (qp->state.load() == IBV_QPS_ERR) engine::flush(qp);

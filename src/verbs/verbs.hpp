@@ -111,6 +111,10 @@ class MrTable {
     if (index == 0 || index >= slots_.size() || generation_[index] != (key & 0xff)) return nullptr;
     return slots_[index];
   }
+  // Under lock(): bumped under the exclusive lock whenever an MR goes or changes, so a
+  // buffer resolved earlier under the same count is still valid (RecvWqe::place).
+  uint64_t changes() const { return changes_; }
+  void note_change() { ++changes_; }  // caller holds lock() exclusively
   // (Re)publishes an MR's entry in the shared MR table, for requesters in other processes.
   void publish(const Mr* mr);
   // This process's published table, in its arena (offset 0 if there is none).
@@ -128,6 +132,7 @@ class MrTable {
   std::vector<Mr*> slots_{nullptr};
   std::vector<uint8_t> generation_{0};
   std::vector<uint32_t> free_;
+  uint64_t changes_ = 0;
 };
 
 // Resolves one SGE against an MR of `pd` with the given access; returns false if the key,

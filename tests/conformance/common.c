@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -865,6 +866,14 @@ int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
 	}
 	close(sv[1]);
 	return sv[0];
+}
+
+void sv_wait_peer(pid_t pid, const char *who)
+{
+	int status;
+	CHECK_EQ(waitpid(pid, &status, 0), pid);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s died or failed (status %d)", who,
+	       status);
 }
 
 void sv_exchange(int sock, const void *ours, void *theirs, size_t n)

@@ -320,6 +320,8 @@ long long sv_now_ms(void);
 /* Forks a peer that runs peer_main(sock), never returning; the parent gets its end of a
  * socketpair to the peer, and the peer's pid in *pid. Call before opening the device. */
 int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid);
+/* Waits for the peer forked by sv_fork_peer and fails unless it exited with status 0. */
+void sv_wait_peer(pid_t pid, const char *who);
 /* Writes ours, then reads theirs (n bytes each): how the two sides trade QPNs and keys. */
 void sv_exchange(int sock, const void *ours, void *theirs, size_t n);
 /* Lock-step between the two: say(N) tells the other side step N is done, hear() waits for

@@ -13,7 +13,6 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #define MSG 64
 #define NRECV 64
@@ -146,10 +145,7 @@ int main(void)
 	}
 
 	sv_step("the victim tears down on its own");
-	int status;
-	CHECK_EQ(waitpid(child, &status, 0), child);
-	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "victim died or failed (status %d)",
-	       status);
+	sv_wait_peer(child, "the victim");
 	sv_modify_state(qp, IBV_QPS_ERR);
 	while (ibv_poll_cq(cq, 1, &wc) > 0)
 		;

@@ -8,7 +8,6 @@
 #include "common.h"
 
 #include <sys/socket.h>
-#include <sys/wait.h>
 
 #define BIG (1 << 20)
 #define SMALL 64
@@ -266,9 +265,7 @@ int main(void)
 
 	sv_step("teardown");
 	say(8);
-	int status;
-	CHECK_EQ(waitpid(child, &status, 0), child);
-	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "responder failed (status %d)", status);
+	sv_wait_peer(child, "the responder");
 	CHECK_OK(ibv_destroy_qp(qp));
 	sv_free_mr(mr);
 	CHECK_OK(ibv_destroy_cq(cq));
