@@ -253,7 +253,7 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
   // other QPs' need no order with ours), an armed CQ must fire its event, and a CQ in
   // error reports that.
   if (cq->tail.load(std::memory_order_acquire) != cq->head.load(std::memory_order_relaxed) ||
-      cq->arm->load(std::memory_order_relaxed) != wire::kArmNone ||
+      cq->armed.load(std::memory_order_relaxed) != wire::kArmNone ||
       cq->in_error.load(std::memory_order_relaxed))
     return 0;
   ToArray sink{wc, max};

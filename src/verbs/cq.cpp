@@ -126,6 +126,7 @@ int destroy_cq(Cq* cq) {
   {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
     cq->destroying = true;
+    cq->armed.store(wire::kArmNone);
     cq->arm->store(wire::kArmNone);
   }
   if (CompChannel* ch = cq->channel) {
@@ -195,22 +196,21 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   if (cq->in_error.load()) return EINVAL;
   int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
   // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
-  // The word is shared with peers: a value that is not an ArmWord counts as unarmed.
-  int cur = cq->arm->load();
-  for (;;) {
-    bool valid = cur >= wire::kArmNone && cur <= wire::kArmNext;
-    if (valid && cur >= want) break;
-    if (cq->arm->compare_exchange_weak(cur, want)) break;
-  }
+  int armed = std::max(cq->armed.load(std::memory_order_relaxed), want);
+  cq->armed.store(armed, std::memory_order_relaxed);
+  // Published (again, whatever a peer wrote there) before the caller looks for work and
+  // sleeps: a requester bumps the doorbell, then reads this word (both seq_cst), so either
+  // it sees us armed and wakes us, or our drain before sleeping sees its message.
+  cq->arm->store(armed, std::memory_order_seq_cst);
   return 0;
 }
 
-bool cq_disarm_for(std::atomic<int>* arm, bool solicited) {
-  int cur = arm->load();
-  while (cur == wire::kArmNext || (cur == wire::kArmSolicited && solicited)) {
-    if (arm->compare_exchange_weak(cur, wire::kArmNone)) return true;
-  }
-  return false;
+bool cq_disarm_for(Cq* cq, bool solicited) {
+  int cur = cq->armed.load(std::memory_order_relaxed);
+  if (cur != wire::kArmNext && !(cur == wire::kArmSolicited && solicited)) return false;
+  cq->armed.store(wire::kArmNone, std::memory_order_relaxed);
+  cq->arm->store(wire::kArmNone, std::memory_order_relaxed);
+  return true;
 }
 
 namespace {
@@ -255,7 +255,7 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
     } else {
       cq->ring[tail & (cq->ring.size() - 1)] = wc;
       cq->tail.store(tail + 1, std::memory_order_release);
-      fire = cq_disarm_for(cq->arm, solicited || wc.status != IBV_WC_SUCCESS) &&
+      fire = cq_disarm_for(cq, solicited || wc.status != IBV_WC_SUCCESS) &&
              cq->channel != nullptr && !cq->destroying;
     }
   }

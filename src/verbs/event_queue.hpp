@@ -19,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <deque>
 #include <mutex>
@@ -56,7 +57,10 @@ class EventQueue {
   }
   int fd() const { return fd_; }
   // Writing an 8-byte count to it makes fd() readable: how a peer wakes a waiter.
-  int write_fd() const { return wake_fd_; }
+  int write_fd() {
+    handed_out_.store(true, std::memory_order_relaxed);
+    return wake_fd_;
+  }
 
   void push(const T& item) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -80,16 +84,18 @@ class EventQueue {
   }
 
   // The same, for a queue that peers may also wake (by writing to write_fd()) after they
-  // left work that `refill` turns into events. A waiter refills first, then sleeps in
-  // epoll_wait on the fd (or says EAGAIN if the application set O_NONBLOCK on it), and
-  // consumes the wake-ups only after it woke: one that arrives after a refill is still
-  // counted when the waiter looks, so none is lost.
+  // left work that `refill` turns into events. A waiter consumes the wake-ups so far, then
+  // refills, then sleeps in epoll_wait on the fd (or says EAGAIN if the application set
+  // O_NONBLOCK on it). Consumed before the refill, a wake-up for work the refill takes does
+  // not leave the fd readable with nothing pending; one that arrives after it stays counted,
+  // so none is lost.
   template <typename F, typename R>
   int wait_pop(T* out, F&& deliver, R&& refill) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++quiet_;  // what refill() pushes is taken below: no need to raise the level for it
+        if (handed_out_.load(std::memory_order_relaxed)) drain_wakeups();
       }
       refill();
       {
@@ -109,8 +115,6 @@ class EventQueue {
         errno = EAGAIN;
         return -1;
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      drain_wakeups();
     }
   }
 
@@ -162,6 +166,7 @@ class EventQueue {
   std::deque<T> items_;
   bool raised_ = false;  // under mu_
   int quiet_ = 0;        // under mu_: waiters refilling (they settle the level afterwards)
+  std::atomic<bool> handed_out_{false};  // write_fd() was given to peers: drain before refill
   int fd_ = -1;          // epoll over the two below: what the application sees
   int level_fd_ = -1;    // eventfd: 1 while the FIFO is not empty
   int wake_fd_ = -1;     // eventfd: peers' wake-ups

@@ -109,8 +109,11 @@ struct Cq {
   uint64_t capacity = 0;  // == ibv.cqe
   std::atomic<uint64_t> head{0};
   std::atomic<uint64_t> tail{0};
-  // The arm state (wire::ArmWord), in the shared arena when there is one, so that
-  // requesters in other processes can fire this CQ's event; changed only by CAS.
+  // The arm state (wire::ArmWord). `armed` is the truth, changed under produce_mu; `arm`
+  // mirrors it in the shared arena when there is one, so that requesters in other
+  // processes know to wake us. Peers can write the mirror, so nothing of ours trusts it:
+  // a peer that zeroes it must not cost us the event of our own completions.
+  std::atomic<int> armed{wire::kArmNone};
   wire::CqShared* shared = &shared_local;
   wire::CqShared shared_local{};
   uint64_t shared_offset = 0;  // in this process's arena; 0 if `shared` is local

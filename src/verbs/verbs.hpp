@@ -67,9 +67,9 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited);
 // agent answers a peer before the target's completions become visible: a target that exits
 // as soon as it sees a message must not take the requester's acknowledgement with it.
 void defer_completions(bool on);
-// Disarms `arm` if a completion (solicited or in error: `solicited` true) should fire it;
-// returns true exactly once per arming.
-bool cq_disarm_for(std::atomic<int>* arm, bool solicited);
+// Under cq->produce_mu: disarms the CQ if a completion (solicited or in error: `solicited`
+// true) should fire it; returns true exactly once per arming.
+bool cq_disarm_for(Cq* cq, bool solicited);
 // Drops the completions of QP `qpn` not yet polled (a QP moved to RESET starts afresh,
 // as hardware providers do it).
 void cq_purge_qp(Cq* cq, uint32_t qpn);
