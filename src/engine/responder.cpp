@@ -56,8 +56,10 @@ class RecvQueue {
   bool empty() const { return q_.empty(); }
   // Remember a sender that met an empty queue, to retry it once a receive is posted.
   void add_waiter(uint32_t qpn) { (t_->srq ? t_->srq->rnr_waiters : t_->rnr_waiters).insert(qpn); }
-  RecvWqe pop() {
-    RecvWqe r = std::move(q_.front());
+  const RecvWqe& front() const { return q_.front(); }
+  // Takes the front WQE for good (it is about to complete); until then a message that
+  // does not arrive whole leaves it where it is, for the retry.
+  void consume() {
     q_.pop_front();
     // The peer's window counts receives spoken for; this one was taken off the ring path.
     if (wire::WindowHeader* w = t_->window.load(std::memory_order_relaxed))
@@ -66,7 +68,6 @@ class RecvQueue {
       srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
       raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
     }
-    return r;
   }
 
  private:
@@ -134,7 +135,7 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
     rq.add_waiter(req.src_qpn);
     return {Outcome::RnrNak, IBV_WC_SUCCESS, rnr_timer};
   }
-  RecvWqe r = rq.pop();
+  const RecvWqe& r = rq.front();  // stays in its slot until consumed: nothing is pushed meanwhile
   bool ud = t->type == IBV_QPT_UD;
   ibv_wc wc{};
   wc.wr_id = r.wr_id;
@@ -146,9 +147,15 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
     iovec dst[Limits::max_sge];
     int ndst;
     int64_t cap = resolve_recv(t, r, dst, &ndst);
-    if (cap < 0) return receive_fault(t, &wc, Fault::RecvProtection);
+    if (cap < 0) {
+      rq.consume();
+      return receive_fault(t, &wc, Fault::RecvProtection);
+    }
     uint64_t need = len + (ud ? kGrhSize : 0);
-    if (static_cast<uint64_t>(cap) < need) return receive_fault(t, &wc, Fault::RecvTooSmall);
+    if (static_cast<uint64_t>(cap) < need) {
+      rq.consume();
+      return receive_fault(t, &wc, Fault::RecvTooSmall);
+    }
     if (ud) {
       uint8_t grh[kGrhSize];
       build_grh(grh, req.sgid, req.dgid, static_cast<uint32_t>(len));
@@ -164,10 +171,12 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
         skip -= k;
         if (dst[i].iov_len == 0) ++i;
       }
+      // A message that does not arrive whole (the requester vanished mid-message) was
+      // never received: the WQE stays for the retry, or for the flush.
       if (!wire::copy_from_requester(req, dst + i, ndst - i, len)) return {Outcome::NoResponse};
       wc.wc_flags |= IBV_WC_GRH;
     } else if (!wire::copy_from_requester(req, dst, ndst, len)) {
-      return {Outcome::NoResponse};  // the requester vanished mid-message
+      return {Outcome::NoResponse};
     }
     wc.byte_len = static_cast<uint32_t>(need);
   } else {
@@ -178,6 +187,7 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
     wc.wc_flags |= IBV_WC_WITH_IMM;
   }
   wc.status = IBV_WC_SUCCESS;
+  rq.consume();
   cq_push(t->recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
