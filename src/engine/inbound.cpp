@@ -256,6 +256,14 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
       cq->armed.load(std::memory_order_relaxed) != wire::kArmNone ||
       cq->in_error.load(std::memory_order_relaxed))
     return 0;
+  // More messages waiting than the CQ holds: a NIC would have overrun the CQ by now. The
+  // ring path finds out the same way a local producer does (CQ_ERR, its QPs to ERR).
+  if (cq->capacity < wire::kWindowSlots && t->window.load(std::memory_order_relaxed)) {
+    uint64_t beyond = t->inbound.head + cq->capacity;
+    if (t->inbound.slots[beyond % wire::kWindowSlots].seq.load(std::memory_order_acquire) ==
+        beyond + 1)
+      return 0;
+  }
   ToArray sink{wc, max};
   drain_window_into(t, sink);
   return sink.n;

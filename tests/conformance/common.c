@@ -868,6 +868,20 @@ int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
 	return sv[0];
 }
 
+void sv_requester_open(struct sv_requester *r, int sock)
+{
+	sv_open(&r->dev);
+	sv_pair_cfg_init(&r->cfg);
+	r->cq = sv_create_cq(&r->dev, 64, NULL, NULL);
+	r->qp = sv_create_qp(&r->dev, &r->cfg, r->cq, r->cq, NULL, NULL);
+	r->mr = sv_alloc_mr(r->dev.pd, 4096, SV_ACCESS_ALL);
+	uint32_t me = r->qp->qp_num, peer;
+	sv_exchange(sock, &me, &peer, sizeof(me));
+	CHECK_OK(sv_modify_init(r->qp, &r->cfg));
+	CHECK_OK(sv_modify_rtr(r->qp, &r->dev, peer, &r->cfg));
+	CHECK_OK(sv_modify_rts(r->qp, &r->cfg));
+}
+
 void sv_wait_peer(pid_t pid, const char *who)
 {
 	int status;

@@ -320,6 +320,16 @@ long long sv_now_ms(void);
 /* Forks a peer that runs peer_main(sock), never returning; the parent gets its end of a
  * socketpair to the peer, and the peer's pid in *pid. Call before opening the device. */
 int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid);
+/* The requester side of a two-process test: one RC QP (one CQ for both queues) and a
+ * 4 KiB MR, connected to the peer's QP whose number comes over sock (we send ours first). */
+struct sv_requester {
+	struct sv_dev dev;
+	struct sv_pair_cfg cfg;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+};
+void sv_requester_open(struct sv_requester *r, int sock);
 /* Waits for the peer forked by sv_fork_peer and fails unless it exited with status 0. */
 void sv_wait_peer(pid_t pid, const char *who);
 /* Writes ours, then reads theirs (n bytes each): how the two sides trade QPNs and keys. */

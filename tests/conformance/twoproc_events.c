@@ -54,18 +54,8 @@ static int zero_arena_of(pid_t pid)
 static void requester(int s)
 {
 	sock = s;
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 64, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
-	uint32_t me = qp->qp_num, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_requester r;
+	sv_requester_open(&r, sock);
 	struct ibv_wc wc;
 	/* Each step: A says which SEND it wants (flags), we send it and say when it is out. */
 	for (int step; (step = hear()) != 0;) {
@@ -74,8 +64,8 @@ static void requester(int s)
 			_exit(0); /* gone without a word */
 		}
 		unsigned flags = IBV_SEND_SIGNALED | (step == 2 ? IBV_SEND_SOLICITED : 0);
-		CHECK_OK(sv_post_send(qp, 100, mr, 0, MSG, flags));
-		sv_expect_wc(cq, 100, IBV_WC_SUCCESS, qp, &wc);
+		CHECK_OK(sv_post_send(r.qp, 100, r.mr, 0, MSG, flags));
+		sv_expect_wc(r.cq, 100, IBV_WC_SUCCESS, r.qp, &wc);
 		say(step);
 	}
 	_exit(0);
