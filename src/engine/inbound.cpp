@@ -149,6 +149,11 @@ struct ToCq {
   Cq* cq;
   ibv_wc wc;
   bool room() const { return true; }
+  // After the agent's held-back completions (defer_completions), unless we are that agent,
+  // whose list keeps the order.
+  static bool in_order(Cq* c) {
+    return c->held_back.load(std::memory_order_acquire) == 0 || completions_deferred();
+  }
   ibv_wc& next() { return wc = {}; }
   void put(bool solicited) { cq_push(cq, wc, solicited); }
 };
@@ -157,6 +162,11 @@ struct ToArray {
   int max;
   int n = 0;
   bool room() const { return n < max; }
+  // Straight into the caller's array only when nothing is held back or in the ring.
+  static bool in_order(Cq* c) {
+    return c->held_back.load(std::memory_order_acquire) == 0 &&
+           c->tail.load(std::memory_order_acquire) == c->head.load(std::memory_order_relaxed);
+  }
   ibv_wc& next() { return wc[n] = {}; }
   void put(bool) { ++n; }
 };
@@ -172,6 +182,9 @@ void drain_window_into(Qp* t, Sink& sink) {
   for (uint64_t head = in.head; sink.room(); ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
     if (slot.seq.load(std::memory_order_acquire) != head + 1) break;
+    // The requester wrote this after the answers to its earlier messages, so completions
+    // those made are visible now (held back or already in the ring): they go first.
+    if (!sink.in_order(t->recv_cq)) return;
     // Read each field once: the peer's memory may change under us.
     uint32_t opcode = slot.opcode, flags = slot.flags, imm = slot.imm, len = slot.length;
     if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || len > wire::kWindowPayload ||

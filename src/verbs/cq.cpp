@@ -233,12 +233,18 @@ void defer_completions(bool on) {
     return;
   }
   t_deferred = nullptr;
-  for (const DeferredCqe& d : held) cq_push(d.cq, d.wc, d.solicited);
+  for (const DeferredCqe& d : held) {
+    cq_push(d.cq, d.wc, d.solicited);
+    d.cq->held_back.fetch_sub(1, std::memory_order_release);
+  }
   held.clear();
 }
 
+bool completions_deferred() { return t_deferred != nullptr; }
+
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
   if (t_deferred) {
+    cq->held_back.fetch_add(1, std::memory_order_relaxed);
     t_deferred->push_back({cq, wc, solicited});
     return true;
   }

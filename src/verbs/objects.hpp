@@ -114,6 +114,10 @@ struct Cq {
   // processes know to wake us. Peers can write the mirror, so nothing of ours trusts it:
   // a peer that zeroes it must not cost us the event of our own completions.
   std::atomic<int> armed{wire::kArmNone};
+  // Completions the agent holds back until it has answered their requester (see
+  // defer_completions): receive windows feeding this CQ wait, so that a message the
+  // requester sends after that answer cannot overtake them.
+  std::atomic<int> held_back{0};
   wire::CqShared* shared = &shared_local;
   wire::CqShared shared_local{};
   uint64_t shared_offset = 0;  // in this process's arena; 0 if `shared` is local

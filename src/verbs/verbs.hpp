@@ -67,6 +67,7 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited);
 // agent answers a peer before the target's completions become visible: a target that exits
 // as soon as it sees a message must not take the requester's acknowledgement with it.
 void defer_completions(bool on);
+bool completions_deferred();  // this thread holds completions back
 // Under cq->produce_mu: disarms the CQ if a completion (solicited or in error: `solicited`
 // true) should fire it; returns true exactly once per arming.
 bool cq_disarm_for(Cq* cq, bool solicited);
