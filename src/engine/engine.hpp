@@ -55,9 +55,10 @@ void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32
 void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status);
 
 // Peer processes: connected QPs fail when the process at the other end dies.
-void watch_peer_of(Qp* qp);  // after a connected QP learned its destination
-void peer_died(int slot);
-void fail_if_still_connected(Qp* qp, int slot);
+void watch_peer_of(Qp* qp);  // after a connected QP entered RTR
+void peer_died(pid_t pid);
+// ERR and IBV_EVENT_QP_FATAL if `qp` is connected and still on `connection` (Qp::connection).
+void fail_if_still_connected(Qp* qp, uint64_t connection);
 // How long a requester waits for an answer before it retries (the QP's `timeout`).
 Clock::duration ack_timeout(uint8_t timeout);
 

@@ -23,11 +23,6 @@ namespace softverbs::engine {
 
 namespace {
 
-struct Peer {
-  pid_t pid;
-  int pidfd;
-};
-
 class Progress {
  public:
   void kick_at(uint32_t qpn, Clock::time_point when) {
@@ -36,11 +31,11 @@ class Progress {
     timers_.emplace(when, qpn);
     wake();
   }
-  // QP `qpn` fails at `when` unless it was reset or reconnected meanwhile.
-  void fail_at(uint32_t qpn, int slot, Clock::time_point when) {
+  // QP `qpn` fails at `when` unless it left `connection` (was reset) meanwhile.
+  void fail_at(uint32_t qpn, uint64_t connection, Clock::time_point when) {
     std::lock_guard<std::mutex> lock(mu_);
     start_locked();
-    fatals_.emplace(when, std::make_pair(qpn, slot));
+    fatals_.emplace(when, std::make_pair(qpn, connection));
     wake();
   }
   void flush(uint32_t qpn) {
@@ -52,17 +47,16 @@ class Progress {
   void lock_for_fork() { mu_.lock(); }
   void unlock_after_fork() { mu_.unlock(); }  // the child restarts the thread on first use
 
-  void watch(int slot, pid_t pid) {
+  // Watched by pid: a process that starts in a dead one's slot must not hide that death.
+  void watch(pid_t pid) {
     std::lock_guard<std::mutex> lock(mu_);
     start_locked();
-    auto it = peers_.find(slot);
-    if (it != peers_.end() && it->second.pid == pid) return;
+    if (peers_.count(pid)) return;
     int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
     if (fd < 0) {  // already gone
-      dead_slots_.push_back(slot);
+      dead_pids_.push_back(pid);
     } else {
-      if (it != peers_.end()) close(it->second.pidfd);
-      peers_[slot] = {pid, fd};
+      peers_[pid] = fd;
     }
     wake();
   }
@@ -80,8 +74,8 @@ class Progress {
     timers_.clear();
     fatals_.clear();
     flushes_.clear();
-    dead_slots_.clear();
-    for (auto& [slot, peer] : peers_) close(peer.pidfd);
+    dead_pids_.clear();
+    for (auto& [pid, pidfd] : peers_) close(pidfd);
     peers_.clear();
     if (wake_fd_ >= 0) close(wake_fd_);
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -99,20 +93,21 @@ class Progress {
         lock.lock();
         continue;
       }
-      if (!dead_slots_.empty()) {
-        int slot = dead_slots_.front();
-        dead_slots_.pop_front();
+      if (!dead_pids_.empty()) {
+        pid_t pid = dead_pids_.front();
+        dead_pids_.pop_front();
         lock.unlock();
-        peer_died(slot);
+        peer_died(pid);
         lock.lock();
         continue;
       }
       auto fatal = fatals_.begin();
       if (fatal != fatals_.end() && fatal->first <= Clock::now()) {
-        auto [qpn, slot] = fatal->second;
+        auto [qpn, connection] = fatal->second;
         fatals_.erase(fatal);
         lock.unlock();
-        if (wire::QpRef qp = wire::transport().find_local(qpn)) fail_if_still_connected(qp.get(), slot);
+        if (wire::QpRef qp = wire::transport().find_local(qpn))
+          fail_if_still_connected(qp.get(), connection);
         lock.lock();
         continue;
       }
@@ -140,10 +135,10 @@ class Progress {
         timeout = &ts;
       }
       std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
-      std::vector<int> slots{0};
-      for (auto& [slot, peer] : peers_) {
-        fds.push_back({peer.pidfd, POLLIN, 0});
-        slots.push_back(slot);
+      std::vector<pid_t> pids{0};
+      for (auto& [pid, pidfd] : peers_) {
+        fds.push_back({pidfd, POLLIN, 0});
+        pids.push_back(pid);
       }
       lock.unlock();
       int n = ppoll(fds.data(), fds.size(), timeout, nullptr);
@@ -153,21 +148,21 @@ class Progress {
       if (fds[0].revents) (void)!read(wake_fd_, &drain, sizeof(drain));
       for (size_t i = 1; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
-        auto it = peers_.find(slots[i]);
-        if (it == peers_.end() || it->second.pidfd != fds[i].fd) continue;
-        close(it->second.pidfd);
+        auto it = peers_.find(pids[i]);
+        if (it == peers_.end() || it->second != fds[i].fd) continue;
+        close(it->second);
         peers_.erase(it);
-        dead_slots_.push_back(slots[i]);
+        dead_pids_.push_back(pids[i]);
       }
     }
   }
 
   std::mutex mu_;
   std::multimap<Clock::time_point, uint32_t> timers_;
-  std::multimap<Clock::time_point, std::pair<uint32_t, int>> fatals_;  // qpn, peer slot
+  std::multimap<Clock::time_point, std::pair<uint32_t, uint64_t>> fatals_;  // qpn, connection
   std::deque<uint32_t> flushes_;
-  std::deque<int> dead_slots_;
-  std::map<int, Peer> peers_;
+  std::deque<pid_t> dead_pids_;
+  std::map<pid_t, int> peers_;  // pidfd of each peer process watched
   int wake_fd_ = -1;
   pid_t owner_ = 0;
 };
@@ -192,50 +187,62 @@ void schedule_flush(uint32_t qpn) { progress().flush(qpn); }
 
 void watch_peer_of(Qp* qp) {
   if (qp->type == IBV_QPT_UD) return;
-  uint32_t dest;
+  static std::atomic<uint64_t> connections{0};
+  int slot;
   {
     std::lock_guard<std::mutex> lock(qp->attr_mu);
-    dest = qp->attr.dest_qp_num;
+    slot = wire::slot_of_qpn(qp->attr.dest_qp_num);
   }
-  int slot = wire::slot_of_qpn(dest);
   if (slot == wire::my_slot()) return;
   pid_t pid = wire::slot_owner(slot);
-  if (pid > 0) progress().watch(slot, pid);
+  if (pid <= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    qp->connection = ++connections;
+    qp->peer_pid = pid;
+  }
+  progress().watch(pid);
 }
 
 namespace {
 
-// The peer's slot of a connected QP that is still live, or 0.
-int connected_slot(Qp* qp) {
-  if (qp->type == IBV_QPT_UD) return 0;
+bool connected(Qp* qp) {
   int st = qp->state.load();
-  if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return 0;
-  std::lock_guard<std::mutex> lock(qp->attr_mu);
-  return wire::slot_of_qpn(qp->attr.dest_qp_num);
+  return qp->type != IBV_QPT_UD && st >= IBV_QPS_RTR && st != IBV_QPS_ERR;
 }
 
 }  // namespace
 
-void fail_if_still_connected(Qp* qp, int slot) {
-  if (connected_slot(qp) == slot) set_error(qp, IBV_EVENT_QP_FATAL);
+void fail_if_still_connected(Qp* qp, uint64_t connection) {
+  if (!connected(qp)) return;
+  {
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    if (qp->connection != connection) return;  // reset since (and maybe connected anew)
+  }
+  set_error(qp, IBV_EVENT_QP_FATAL);
 }
 
-void peer_died(int slot) {
+void peer_died(pid_t pid) {
   // A connected QP whose peer process is gone will never hear from it again. A NIC would
   // find out when its retries run out; we make it fail after that same time (timeout x
   // (retry_cnt + 1)), so a program that finishes right after its peer did is not disturbed
   // and a program waiting for a message that can never come does not hang: ERR,
-  // IBV_EVENT_QP_FATAL, outstanding work flushed.
-  for_each_qp([slot](Qp* qp) {
-    if (connected_slot(qp) != slot) return;
+  // IBV_EVENT_QP_FATAL, outstanding work flushed. The timer is for this connection only:
+  // the QP may be reset and connected to another process meanwhile, even one that took the
+  // dead one's slot and QPN.
+  for_each_qp([pid](Qp* qp) {
+    if (!connected(qp)) return;
+    uint64_t connection;
     uint8_t timeout, retry;
     {
       std::lock_guard<std::mutex> lock(qp->attr_mu);
+      if (qp->peer_pid != pid) return;
+      connection = qp->connection;
       timeout = qp->attr.timeout;
       retry = qp->attr.retry_cnt;
     }
     Clock::duration budget = ack_timeout(timeout) * (retry + 1);
-    progress().fail_at(qp->qpn(), slot, Clock::now() + budget);
+    progress().fail_at(qp->qpn(), connection, Clock::now() + budget);
   });
 }
 

@@ -230,6 +230,12 @@ struct Qp {
   std::vector<ibv_gid> mcast_groups;  // under attr_mu: multicast groups attached (UD)
   bool block_self_mcast = false;      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
   std::atomic<int> state{IBV_QPS_RESET};
+  // The connection to a peer process (under attr_mu): a number unique in this process, given
+  // when the QP enters RTR, and the peer's pid then; RESET clears both. A dead peer's timer
+  // names these, not the peer's registry slot, which the next process to start takes over
+  // (QPNs included) and this QP may be connected to by the time the timer fires.
+  uint64_t connection = 0;
+  pid_t peer_pid = 0;
 
   QueueMutex sq_mu;  // lock order: a QP's sq_mu before any rq lock; never two sq_mu
   std::deque<SendWqe> sq;

@@ -103,6 +103,8 @@ void reset_queues(Qp* qp) {
   std::lock_guard<std::mutex> alock(qp->attr_mu);
   ibv_qp_attr fresh{};
   qp->attr = fresh;
+  qp->connection = 0;  // what a dead peer's timer was armed for is over
+  qp->peer_pid = 0;
 }
 
 bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
