@@ -95,6 +95,9 @@ void reset_queues(Qp* qp) {
     std::lock_guard<QueueMutex> lock(qp->sq_mu);
     qp->sq.clear();
     qp->sq_drain_notify = false;
+    // The window into the old peer's receive queue is over too: a new peer may get the
+    // dead one's QPN, and its messages must not land in the dead one's still-mapped ring.
+    engine::drop_peer_window(qp);
   }
   std::lock_guard<QueueMutex> lock(qp->rq_mu);
   qp->rq.clear();
