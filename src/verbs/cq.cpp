@@ -150,7 +150,11 @@ int destroy_cq(Cq* cq) {
   }
   pthread_mutex_destroy(&c->mutex);
   pthread_cond_destroy(&c->cond);
-  // The arm word is not handed out again: a peer may still hold its address.
+  // The shared block goes back to the arena. A peer that still held its address (its QPs
+  // are gone, so an honest one does not) can only ring the doorbell or read the arm word of
+  // the next CQ there: a spurious drain or wake-up, never a lost event (Cq::armed).
+  if (cq->shared_offset)
+    if (wire::Arena* arena = wire::Arena::self()) arena->release(cq->shared_offset, sizeof(wire::CqShared));
   cq->magic = kDead;
   delete cq;
   return 0;

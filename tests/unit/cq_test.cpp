@@ -42,6 +42,24 @@ TEST_F(CqTest, CreateGivesAtLeastTheRequestedEntries) {
   }
 }
 
+// A CQ's shared block (arm word and doorbell, what peers in other processes see) goes back
+// to the arena when the CQ is destroyed: a program that makes and destroys CQs all its life
+// keeps them reachable from other processes. The arena holds 65536 such blocks.
+TEST_F(CqTest, DestroyedCqsGiveTheirSharedBlockBack) {
+  Cq* first = make_cq(1);
+  ASSERT_NE(first, nullptr);
+  uint64_t offset = first->shared_offset;
+  ASSERT_NE(offset, 0u) << "no shared arena in this process";
+  ASSERT_EQ(destroy_cq(first), 0);
+  for (int i = 0; i < 70000; ++i) {
+    Cq* cq = make_cq(1);
+    ASSERT_NE(cq, nullptr);
+    ASSERT_NE(cq->shared_offset, 0u) << "the arena ran out after " << i << " CQs";
+    ASSERT_EQ(cq->arm->load(), wire::kArmNone);
+    ASSERT_EQ(destroy_cq(cq), 0);
+  }
+}
+
 TEST_F(CqTest, CreateRejectsBadArguments) {
   const int vectors = ctx->ibv()->num_comp_vectors;
   for (auto [cqe, vector] : {std::pair{0, 0}, {-1, 0}, {Limits::max_cqe + 1, 0}, {4, vectors},
