@@ -882,6 +882,25 @@ void sv_requester_open(struct sv_requester *r, int sock)
 	CHECK_OK(sv_modify_rts(r->qp, &r->cfg));
 }
 
+double sv_cpu_seconds(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	/* Fields 14 and 15 (utime, stime, in clock ticks) follow the ")" that ends the name. */
+	const char *p = strrchr(buf, ')');
+	CHECK(p != NULL);
+	unsigned long utime = 0, stime = 0;
+	CHECK_EQ(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
+			&stime),
+		 2);
+	return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
 void sv_wait_peer(pid_t pid, const char *who)
 {
 	int status;

@@ -330,6 +330,8 @@ struct sv_requester {
 	struct ibv_mr *mr;
 };
 void sv_requester_open(struct sv_requester *r, int sock);
+/* CPU time (user + system, all threads) process `pid` has used so far, in seconds. */
+double sv_cpu_seconds(pid_t pid);
 /* Waits for the peer forked by sv_fork_peer and fails unless it exited with status 0. */
 void sv_wait_peer(pid_t pid, const char *who);
 /* Writes ours, then reads theirs (n bytes each): how the two sides trade QPNs and keys. */

@@ -5,6 +5,7 @@
  *   says EAGAIN (ibv_get_cq_event(3): the fd is readable exactly while an event waits);
  * - an unarmed CQ stays silent; a solicited-only one ignores a SEND without the SE bit and
  *   fires for one with it (ibv_req_notify_cq(3));
+ * - while nothing happens, neither process uses the CPU (no thread spins by default);
  * - a peer that zeroes every shared page of ours and dies cannot take our events with it:
  *   the QP's flushed receive still fires the armed CQ.
  * A = this process (target), B = the forked peer (requester).
@@ -119,6 +120,12 @@ int main(void)
 	CHECK_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), -1);
 	CHECK_EQ(errno, EAGAIN);
 	sv_set_nonblock(ch->fd, 0);
+
+	sv_step("connected and idle: no thread of either process spins");
+	double cpu = sv_cpu_seconds(getpid()) + sv_cpu_seconds(child);
+	sv_fd_readable(ch->fd, 500);
+	cpu = sv_cpu_seconds(getpid()) + sv_cpu_seconds(child) - cpu;
+	CHECKF(cpu < 0.1, "the two processes used %.2f s of CPU in 0.5 s of idling", cpu);
 
 	sv_step("an unarmed CQ stays silent");
 	peer_sends(0);
