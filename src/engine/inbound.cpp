@@ -184,7 +184,11 @@ void drain_window_into(Qp* t, Sink& sink) {
     if (slot.seq.load(std::memory_order_acquire) != head + 1) break;
     // The requester wrote this after the answers to its earlier messages, so completions
     // those made are visible now (held back or already in the ring): they go first.
-    if (!sink.in_order(t->recv_cq)) return;
+    if (!sink.in_order(t->recv_cq)) {
+      // Soon, then: a CQ that watches its doorbell must look again though it rang no more.
+      t->recv_cq->doorbell_seen.store(0, std::memory_order_relaxed);
+      return;
+    }
     // Read each field once: the peer's memory may change under us.
     uint32_t opcode = slot.opcode, flags = slot.flags, imm = slot.imm, len = slot.length;
     if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || len > wire::kWindowPayload ||
