@@ -243,11 +243,14 @@ bool serve_one(const Server& srv, int fd) {
     return true;
   }
   WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0, 0, 0};
+  ucred cred{};
+  socklen_t clen = sizeof(cred);
+  bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0;
   if (m.kind == kOpenWindow) {
     uint64_t off = 0;
     int wake = -1;
-    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) {
-      off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff);
+    if (QpRef qp = known ? transport().find_local(m.dst_qpn & 0xffffff) : QpRef()) {
+      off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff, cred.pid);
       wake = srv.hooks.wake_fd(qp.get());
     }
     Arena* arena = Arena::self();
@@ -263,9 +266,7 @@ bool serve_one(const Server& srv, int fd) {
     }
     return true;
   }
-  ucred cred{};
-  socklen_t clen = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return true;
+  if (!known) return true;
   if (m.kind == kProbe) {
     // Can we reach the requester's memory? Read the word it pointed us at.
     uint64_t word = 0;
