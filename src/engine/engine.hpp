@@ -63,7 +63,9 @@ void fail_if_still_connected(Qp* qp, uint64_t connection);
 Clock::duration ack_timeout(uint8_t timeout);
 
 // Receive windows, target side (inbound.cpp).
-uint64_t open_window(Qp* t, uint32_t peer_qpn);  // arena offset, 0 if not possible
+// The window's arena offset, 0 if not possible; `peer_pid` is the only process that will
+// write it (its block is reused only once that process is gone).
+uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid);
 // 0 if its buffers fail the checks. Caller holds the key lock (shared).
 uint32_t receive_capacity(Qp* t, RecvWqe& r);
 void publish_receive_locked(Qp* t, uint32_t capacity);  // caller holds t->rq_mu

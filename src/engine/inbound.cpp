@@ -65,7 +65,7 @@ uint32_t receive_capacity(Qp* t, RecvWqe& r) {
   return static_cast<uint32_t>(std::min<uint64_t>(cap, UINT32_MAX));
 }
 
-uint64_t open_window(Qp* t, uint32_t peer_qpn) {
+uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   wire::Arena* arena = wire::Arena::self();
   if (!arena || t->srq || t->type == IBV_QPT_UD || !t->recv_cq->shared_offset) return 0;
   {
@@ -114,8 +114,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn) {
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
   uint64_t i = 0;
   for (; i < t->rq.size(); ++i) hdr->rq_len()[i & (rq_cap - 1)] = receive_capacity(t, t->rq[i]);
-  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, i, 0, off, bytes,
-                wire::slot_owner(wire::slot_of_qpn(peer_qpn))};
+  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, i, 0, off, bytes, peer_pid};
   hdr->rq_posted.store(i, std::memory_order_relaxed);
   hdr->rq_taken.store(0, std::memory_order_relaxed);
   hdr->head.store(0, std::memory_order_relaxed);

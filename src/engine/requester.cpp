@@ -101,10 +101,12 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   uint32_t rq_cap = hdr ? hdr->rq_cap : 0;
   uint64_t bytes = wire::window_bytes(rq_cap);
   uint64_t slots_at = bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot);
+  // The process cross-memory attach writes into is the one the kernel named as the agent's
+  // (SO_PEERCRED), never the header's word for it: a header that names another is garbage.
+  pid_t pid = arena.pid;
   bool ok = hdr && hdr->magic == wire::kWindowMagic && hdr->qpn == dst_qpn &&
             hdr->peer_qpn == qp->qpn() && rq_cap && !(rq_cap & (rq_cap - 1)) &&
-            rq_cap <= (1u << 20) && arena.at<char>(off, bytes);
-  pid_t pid = ok ? hdr->owner_pid : 0;
+            rq_cap <= (1u << 20) && arena.at<char>(off, bytes) && hdr->owner_pid == pid;
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;

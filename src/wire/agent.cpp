@@ -1,6 +1,7 @@
 #include "wire/agent.hpp"
 
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -28,6 +29,9 @@ namespace {
 constexpr uint32_t kMagic = 0x53565731;  // "SVW1"
 constexpr int kMaxWireIov = Limits::max_sge + 1;
 constexpr int kReplyTimeoutMs = 5000;
+// How long the agent waits for a requester to take its answer or send its payload: one
+// that is there reads and writes at once, and meanwhile every other peer waits too.
+constexpr int kPeerStallMs = 1000;
 
 enum Kind : uint32_t { kExecute = 1, kKick = 2, kProbe = 3, kOpenWindow = 4, kDrain = 5 };
 
@@ -114,8 +118,35 @@ uint64_t returned_length(uint32_t op, uint64_t length) {
   return 0;
 }
 
-// Sends `len` bytes gathered from `iov` as chunk messages.
-bool send_chunks(int fd, const iovec* iov, int n, uint64_t len) {
+// Sends one message, waiting at most `wait_ms` for room: a peer that stops reading must not
+// hold this thread for good. On failure errno says why (ETIMEDOUT: no room in time).
+bool send_message(int fd, const msghdr* msg, size_t len, int wait_ms) {
+  for (;;) {
+    ssize_t n = sendmsg(fd, msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return static_cast<size_t>(n) == len;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN) return false;
+    pollfd p{fd, POLLOUT, 0};
+    int ready = wait_ms > 0 ? poll(&p, 1, wait_ms) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      if (ready == 0) errno = ETIMEDOUT;
+      return false;
+    }
+  }
+}
+
+bool send_message(int fd, const void* buf, size_t len, int wait_ms) {
+  iovec iov{const_cast<void*>(buf), len};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  return send_message(fd, &msg, len, wait_ms);
+}
+
+// Sends `len` bytes gathered from `iov` as chunk messages, waiting at most `wait_ms` for
+// room for each.
+bool send_chunks(int fd, const iovec* iov, int n, uint64_t len, int wait_ms) {
   std::vector<char> buf(std::min<uint64_t>(len, kChunk));
   int i = 0;
   size_t off = 0;
@@ -129,21 +160,22 @@ bool send_chunks(int fd, const iovec* iov, int n, uint64_t len) {
       if (off == iov[i].iov_len) ++i, off = 0;
     }
     if (fill != want) return false;
-    if (send(fd, buf.data(), want, MSG_NOSIGNAL) != static_cast<ssize_t>(want)) return false;
+    if (!send_message(fd, buf.data(), want, wait_ms)) return false;
     len -= want;
   }
   return true;
 }
 
-// Receives `len` bytes of chunk messages, scattering them into `iov`.
-bool recv_chunks(int fd, const iovec* iov, int n, uint64_t len) {
+// Receives `len` bytes of chunk messages, scattering them into `iov`, waiting at most
+// `wait_ms` for each.
+bool recv_chunks(int fd, const iovec* iov, int n, uint64_t len, int wait_ms) {
   std::vector<char> buf(std::min<uint64_t>(len, kChunk));
   int i = 0;
   size_t off = 0;
   while (len > 0) {
     size_t want = std::min<uint64_t>(len, kChunk);
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, kReplyTimeoutMs) <= 0) return false;
+    if (poll(&p, 1, wait_ms) <= 0) return false;
     if (recv(fd, buf.data(), want, 0) != static_cast<ssize_t>(want)) return false;
     size_t used = 0;
     while (used < want && i < n) {
@@ -158,6 +190,34 @@ bool recv_chunks(int fd, const iovec* iov, int n, uint64_t len) {
   }
   return true;
 }
+
+// Through-socket mode: a request's payload (or READ data) in our memory. Its length is the
+// peer's word, up to kMaxMsgSize: the buffer is mapped, not allocated and filled, so its
+// pages cost memory only as payload arrives (or the responder writes them), and a length
+// that cannot be had is a failed reserve, never an exception in the agent thread.
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    if (data_) munmap(data_, size_);
+  }
+  bool reserve(size_t bytes) {
+    if (bytes == 0) return true;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    data_ = static_cast<char*>(p);
+    size_ = bytes;
+    return true;
+  }
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 // ---- server side -------------------------------------------------------------------------
 
@@ -194,7 +254,7 @@ bool send_with_fds(int sock, const WireReply& reply, const int fds[kMaxFds]) {
     c->cmsg_len = CMSG_LEN(n * sizeof(int));
     std::memcpy(CMSG_DATA(c), present, n * sizeof(int));
   }
-  return sendmsg(sock, &msg, MSG_NOSIGNAL) == sizeof(r);
+  return send_message(sock, &msg, sizeof(r), kPeerStallMs);
 }
 
 // Receives a reply and the file descriptors attached to it (-1 where none).
@@ -225,7 +285,8 @@ bool recv_with_fds(int sock, WireReply* r, int fds[kMaxFds]) {
   return got == sizeof(*r);
 }
 
-// Serves one message; returns false when the connection is gone (then it is closed).
+// Serves one message; returns false when the connection is gone (then it is closed): the
+// peer hung up, or did not take an answer or send its payload in time.
 bool serve_one(const Server& srv, int fd) {
   WireRequest m;
   ssize_t n = recv(fd, &m, sizeof(m), 0);
@@ -243,11 +304,14 @@ bool serve_one(const Server& srv, int fd) {
     return true;
   }
   WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0, 0, 0};
+  ucred cred{};
+  socklen_t clen = sizeof(cred);
+  bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0;
   if (m.kind == kOpenWindow) {
     uint64_t off = 0;
     int wake = -1;
-    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) {
-      off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff);
+    if (QpRef qp = known ? transport().find_local(m.dst_qpn & 0xffffff) : QpRef()) {
+      off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff, cred.pid);
       wake = srv.hooks.wake_fd(qp.get());
     }
     Arena* arena = Arena::self();
@@ -257,15 +321,14 @@ bool serve_one(const Server& srv, int fd) {
       // The arena, its read-only published region, and the receive CQ's channel waker.
       int published = arena->published_fd();
       int fds[kMaxFds] = {arena->fd(), published, wake, mr_shm_fd()};
-      send_with_fds(fd, r, fds);
-    } else {
-      (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
+      if (send_with_fds(fd, r, fds)) return true;
+    } else if (send_message(fd, &r, sizeof(r), kPeerStallMs)) {
+      return true;
     }
-    return true;
+    close(fd);
+    return false;
   }
-  ucred cred{};
-  socklen_t clen = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return true;
+  if (!known) return true;
   if (m.kind == kProbe) {
     // Can we reach the requester's memory? Read the word it pointed us at.
     uint64_t word = 0;
@@ -273,11 +336,12 @@ bool serve_one(const Server& srv, int fd) {
     bool ok = process_vm_readv(cred.pid, &ours, 1, &theirs, 1, 0) == sizeof(word) &&
               word == m.compare_add;
     r.kind = ok ? Reply::Ack : Reply::Error;
-    (void)!send(fd, &r, sizeof(r), MSG_NOSIGNAL);
-    return true;
+    if (send_message(fd, &r, sizeof(r), kPeerStallMs)) return true;
+    close(fd);
+    return false;
   }
   bool through_socket = m.copy_mode == kThroughSocket;
-  std::vector<char> staging;  // through-socket mode: the payload, in our memory
+  Staging staging;
   QpRef target;
   bool deferring = false;
   struct Release {  // completions held back become visible on every way out
@@ -288,9 +352,12 @@ bool serve_one(const Server& srv, int fd) {
     }
   } release{srv, deferring};
   if (through_socket && m.kind == kExecute && m.length <= kMaxMsgSize) {
-    staging.resize(std::max(m.length, returned_length(m.opcode, m.length)));
+    // Without room for it, the payload on its way would put the stream out of step: hang up,
+    // as a NIC drops what it cannot take (the requester's retries decide what follows).
+    bool staged = staging.reserve(std::max(m.length, returned_length(m.opcode, m.length)));
     iovec all{staging.data(), staging.size()};
-    if (carries_payload(m.opcode) && !recv_chunks(fd, &all, 1, m.length)) {
+    if (!staged ||
+        (carries_payload(m.opcode) && !recv_chunks(fd, &all, 1, m.length, kPeerStallMs))) {
       close(fd);
       return false;
     }
@@ -336,13 +403,14 @@ bool serve_one(const Server& srv, int fd) {
       r.byte_len = reply.byte_len;
     }
   }
-  if (send(fd, &r, sizeof(r), MSG_NOSIGNAL) != sizeof(r)) return true;
-  if (through_socket && r.kind == Reply::Ack && returned_length(m.opcode, m.length)) {
+  bool sent = send_message(fd, &r, sizeof(r), kPeerStallMs);
+  if (sent && through_socket && r.kind == Reply::Ack && returned_length(m.opcode, m.length)) {
     iovec all{staging.data(), staging.size()};
-    if (!send_chunks(fd, &all, 1, returned_length(m.opcode, m.length))) {
-      close(fd);
-      return false;
-    }
+    sent = send_chunks(fd, &all, 1, returned_length(m.opcode, m.length), kPeerStallMs);
+  }
+  if (!sent) {
+    close(fd);
+    return false;
   }
   return true;
 }
@@ -405,7 +473,7 @@ CopyMode probe_copy_mode(int fd) {
   m.compare_add = probe_word;
   WireReply r{};
   pollfd p{fd, POLLIN, 0};
-  bool ok = send(fd, &m, sizeof(m), MSG_NOSIGNAL) == sizeof(m) &&
+  bool ok = send_message(fd, &m, sizeof(m), kReplyTimeoutMs) &&
             poll(&p, 1, kReplyTimeoutMs) > 0 && recv(fd, &r, sizeof(r), 0) == sizeof(r) &&
             r.magic == kMagic && r.kind == Reply::Ack;
   if (!ok) {
@@ -456,15 +524,15 @@ void drop(Connection& c) {
   c.fd = -1;
 }
 
-// Under c.mu: connects if needed and sends m (its copy_mode set for the connection). A
-// socket kept from an earlier process in this slot (it exited, a new one took the slot)
-// fails with EPIPE on the first send: then we connect afresh, once.
-bool send_request(Connection& c, int slot, WireRequest& m, int flags) {
+// Under c.mu: connects if needed and sends m (its copy_mode set for the connection), waiting
+// at most `wait_ms` for room. A socket kept from an earlier process in this slot (it
+// exited, a new one took the slot) fails with EPIPE on the first send: then we connect
+// afresh, once.
+bool send_request(Connection& c, int slot, WireRequest& m, int wait_ms) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!ensure_connected(c, slot)) return false;
     m.copy_mode = c.mode;
-    if (send(c.fd, &m, sizeof(m), MSG_NOSIGNAL | flags) == static_cast<ssize_t>(sizeof(m)))
-      return true;
+    if (send_message(c.fd, &m, sizeof(m), wait_ms)) return true;
     bool stale = errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN;
     drop(c);
     if (!stale) return false;
@@ -519,9 +587,9 @@ Reply agent_call(int slot, const Request& req) {
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
   WireRequest m = encode(req, kExecute);
-  if (!send_request(*c, slot, m, 0)) return {Reply::NoResponse};
+  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return {Reply::NoResponse};
   if (c->mode == kThroughSocket && carries_payload(m.opcode) &&
-      !send_chunks(c->fd, req.local, req.nlocal, req.length)) {
+      !send_chunks(c->fd, req.local, req.nlocal, req.length, kReplyTimeoutMs)) {
     drop(*c);
     return {Reply::NoResponse};
   }
@@ -544,7 +612,7 @@ Reply agent_call(int slot, const Request& req) {
   if (out.kind == Reply::Error && out.status == IBV_WC_SUCCESS) out.status = IBV_WC_GENERAL_ERR;
   uint64_t back = returned_length(m.opcode, m.length);
   if (c->mode == kThroughSocket && out.kind == Reply::Ack && back &&
-      !recv_chunks(c->fd, req.local, req.nlocal, back)) {
+      !recv_chunks(c->fd, req.local, req.nlocal, back, kReplyTimeoutMs)) {
     drop(*c);
     return {Reply::NoResponse};
   }
@@ -556,7 +624,7 @@ Reply agent_call(int slot, const Request& req) {
 static void send_oneway(int slot, WireRequest m) {
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
-  (void)send_request(*c, slot, m, MSG_DONTWAIT);
+  (void)send_request(*c, slot, m, 0);
 }
 
 void agent_kick(int slot, uint32_t qpn) {
@@ -577,7 +645,7 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   m.kind = kOpenWindow;
   m.src_qpn = src_qpn;
   m.dst_qpn = dst_qpn;
-  if (!send_request(*c, slot, m, 0)) return 0;
+  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return 0;
   pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
   int fds[kMaxFds] = {-1, -1, -1, -1};

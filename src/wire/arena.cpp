@@ -23,6 +23,8 @@ namespace {
 constexpr size_t kArenaSize = size_t{256} << 20;  // sparse: only touched pages cost memory
 constexpr size_t kAlign = 4096;
 constexpr size_t kPublishedSize = size_t{16} << 20;
+// The seals of a memfd whose size never changes; F_SEAL_SEAL keeps the set as it is.
+constexpr int kFixedSize = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 // Blocks are handed out, freed and retired in multiples of kAlign.
 size_t whole_blocks(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -75,9 +77,12 @@ Arena* Arena::self() {
   g_next = kAlign;
   g_free.clear();
   g_retired.clear();
-  int fd = memfd_create("softverbs-arena", MFD_CLOEXEC);
+  int fd = memfd_create("softverbs-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return nullptr;
-  if (ftruncate(fd, static_cast<off_t>(kArenaSize)) != 0) {
+  // Peers map it read-write, but none may change its size: a shrunk file would raise SIGBUS
+  // in every process that maps it, ours included.
+  if (ftruncate(fd, static_cast<off_t>(kArenaSize)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, kFixedSize) != 0) {
     close(fd);
     return nullptr;
   }
@@ -90,12 +95,18 @@ Arena* Arena::self() {
   arena->fd_ = fd;
   arena->base_ = static_cast<char*>(p);
   arena->size_ = kArenaSize;
-  // The published region: a memfd peers receive through a read-only reopening.
-  int pfd = memfd_create("softverbs-published", MFD_CLOEXEC);
+  // The published region: a memfd peers receive through a read-only reopening. An fd alone
+  // would not keep it read-only (a peer could open /proc/self/fd/N of it for writing): once
+  // our own writable mapping exists, the seals refuse every new writable mapping, write(2),
+  // hole punching and change of size, to us and to anyone else.
+  int pfd = memfd_create("softverbs-published", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (pfd >= 0 && ftruncate(pfd, static_cast<off_t>(kPublishedSize)) == 0) {
     void* q = mmap(nullptr, kPublishedSize, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-    std::string path = "/proc/self/fd/" + std::to_string(pfd);
-    int ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    int ro = -1;
+    if (q != MAP_FAILED && fcntl(pfd, F_ADD_SEALS, kFixedSize | F_SEAL_FUTURE_WRITE) == 0) {
+      std::string path = "/proc/self/fd/" + std::to_string(pfd);
+      ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    }
     if (q != MAP_FAILED && ro >= 0) {
       arena->published_base_ = static_cast<char*>(q);
       arena->published_size_ = kPublishedSize;
@@ -154,11 +165,13 @@ void Arena::retire(uint64_t offset, size_t bytes, pid_t writer) {
 
 
 namespace {
-// Maps all of `fd` (then closes it); nullptr on failure.
-char* map_whole(int fd, int prot, size_t* size) {
+// Maps all of `fd` (then closes it) if its seals include `seals`; nullptr otherwise. The
+// shrink seal is what makes touching every byte of the mapping safe later (no SIGBUS).
+char* map_whole(int fd, int prot, int seals, size_t* size) {
   struct stat st;
   void* p = MAP_FAILED;
-  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0) {
+  int has = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+  if (has >= 0 && (has & seals) == seals && fstat(fd, &st) == 0 && st.st_size > 0) {
     *size = static_cast<size_t>(st.st_size);
     p = mmap(nullptr, *size, prot, MAP_SHARED, fd, 0);
   }
@@ -195,8 +208,11 @@ PeerArena map_peer_arena(int slot, pid_t pid, int fd, int published_fd, int mr_f
   PeerArena mapped;
   mapped.slot = slot;
   mapped.pid = pid;
-  mapped.base = map_whole(fd, PROT_READ | PROT_WRITE, &mapped.size);
-  mapped.published = map_whole(published_fd, PROT_READ, &mapped.published_size);
+  mapped.base = map_whole(fd, PROT_READ | PROT_WRITE, F_SEAL_SHRINK, &mapped.size);
+  // What we read from the published region (the MR table) decides where we write in the
+  // peer's memory: only one nobody else can write qualifies.
+  mapped.published = map_whole(published_fd, PROT_READ, F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE,
+                               &mapped.published_size);
   if (!mapped.base) {
     if (mapped.published) munmap(const_cast<char*>(mapped.published), mapped.published_size);
     if (mr_fd >= 0) close(mr_fd);

@@ -16,8 +16,9 @@ class Arena {
   // This process's arena (created on first use, again after fork); nullptr if memfd fails.
   static Arena* self();
   int fd() const { return fd_; }
-  // A second region that peers may only read (they get a read-only fd): what one peer must
-  // not be able to change under another, such as the MR table. -1 if it could not be made.
+  // A second region that peers may only read (they get a read-only fd, and the memfd is
+  // sealed against any new writable mapping, write and resize): what one peer must not be
+  // able to change under another, such as the MR table. -1 if it could not be made.
   int published_fd() const { return published_ro_fd_; }
   uint64_t allocate_published(size_t bytes);
   template <typename T>
@@ -77,6 +78,8 @@ struct PeerArena {
 
 // Maps (or finds the mapping of) the arena of the process in `slot`: `fd` read-write,
 // `published_fd` (may be -1) read-only, `mr_fd` (may be -1) its MR memfd. Takes the fds.
+// Each is used only with the seals its owner puts on it (no shrinking; the published region
+// also no writing): without them, no mapping (arena), or none of that part.
 // Each call that returns a mapping (base != nullptr) holds one reference to it, dropped
 // with unmap_peer_arena; with the last one the peer's memory is unmapped (a dead peer's
 // memfds, its registered memory included, are freed then).

@@ -85,8 +85,9 @@ struct EngineHooks {
   Reply (*respond)(const Request& req, Qp* target) = nullptr;
   // Retries a local QP's send queue soon (RNR waiters).
   void (*kick)(Qp* qp) = nullptr;
-  // Opens the receive window of `target` for the peer QP `peer_qpn`: its arena offset, or 0.
-  uint64_t (*open_window)(Qp* target, uint32_t peer_qpn) = nullptr;
+  // Opens the receive window of `target` for the peer QP `peer_qpn` in process `peer_pid`
+  // (as the kernel names the process that asked): its arena offset, or 0.
+  uint64_t (*open_window)(Qp* target, uint32_t peer_qpn, pid_t peer_pid) = nullptr;
   // Turns what a peer left in `target`'s receive window into completions now (the peer
   // saw the receive CQ armed: a blocked ibv_get_cq_event must hear of them).
   void (*drain)(Qp* target) = nullptr;

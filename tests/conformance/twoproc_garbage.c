@@ -1,10 +1,11 @@
 /*
  * A peer that writes garbage into shared state must not crash, hang or corrupt us. A (the
  * parent) connects to B (the child), sends through B's receive window, then overwrites
- * everything B shares with peers (its arena: windows, CQ arm words and doorbells; and its
- * published region) with random bytes, and keeps sending. B keeps polling, then tears down
+ * everything B shares writably with peers (its arena: windows, CQ arm words and doorbells;
+ * and its MR memfd) with random bytes, and keeps sending. B keeps polling, then tears down
  * normally; it may see errors, but it must exit cleanly on its own, and its memory outside
- * what it shares must be intact.
+ * what it shares must be intact. B's published region (its MR table) is for peers to read
+ * only: A checks that no way of writing to it, or of shrinking any of B's memfds, works.
  */
 #include "common.h"
 
@@ -21,14 +22,52 @@ static int sock;
 static void say(int v) { sv_say(sock, v); }
 static int hear(void) { return sv_hear(sock); }
 
-/* Overwrites every shared memfd of process `pid` whose name starts with "softverbs". */
+/* Fills [p, p + len) with xorshift garbage. */
+static void fill(uint64_t *p, size_t len, uint64_t seed)
+{
+	for (size_t i = 0; i < len / 8; i++) {
+		seed ^= seed << 13;
+		seed ^= seed >> 7;
+		seed ^= seed << 17;
+		p[i] = seed;
+	}
+}
+
+/* Every way a peer could write to a published region, given its path in /proc/<pid>/fd,
+ * must fail: reopened for writing, it takes no write(2), no shared writable mapping, no
+ * change of size and no hole; reopened for reading, its mapping cannot be made writable. */
+static void check_read_only(const char *path)
+{
+	uint64_t garbage[8];
+	fill(garbage, sizeof(garbage), 0x5eed);
+	int fd = open(path, O_RDWR);
+	if (fd >= 0) {
+		CHECK(pwrite(fd, garbage, sizeof(garbage), 4096) < 0);
+		CHECK(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+		CHECK(ftruncate(fd, 0) != 0);
+		CHECK(ftruncate(fd, 1 << 30) != 0);
+		CHECK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 1 << 20) != 0);
+		CHECK_OK(close(fd));
+	}
+	fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+	CHECK(p != MAP_FAILED);
+	CHECK(mprotect(p, 4096, PROT_READ | PROT_WRITE) != 0);
+	munmap(p, 4096);
+	CHECK_OK(close(fd));
+}
+
+/* Overwrites every memfd of process `pid` that peers may write (its arena and its MR memfd,
+ * up to 16 MiB of each), after checking that they cannot be shrunk; checks that its
+ * published region cannot be written at all. Returns how many memfds were overwritten. */
 static int scribble(pid_t pid, uint64_t seed)
 {
 	char dir[64];
 	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
 	DIR *d = opendir(dir);
 	CHECK(d != NULL);
-	int found = 0;
+	int found = 0, published = 0;
 	struct dirent *e;
 	while ((e = readdir(d))) {
 		char path[512], target[256];
@@ -37,27 +76,33 @@ static int scribble(pid_t pid, uint64_t seed)
 		if (n <= 0)
 			continue;
 		target[n] = 0;
-		if (!strstr(target, "memfd:softverbs-arena") && !strstr(target, "memfd:softverbs-published"))
+		if (strstr(target, "memfd:softverbs-published")) {
+			check_read_only(path);
+			published++;
+			continue;
+		}
+		if (!strstr(target, "memfd:softverbs-arena") && !strstr(target, "memfd:softverbs-mr"))
 			continue;
 		int fd = open(path, O_RDWR);
 		if (fd < 0)
 			continue;
 		struct stat st;
 		CHECK_OK(fstat(fd, &st));
+		CHECK(ftruncate(fd, 0) != 0); /* everyone who maps it would fault past the end */
 		size_t len = (size_t)st.st_size < (16u << 20) ? (size_t)st.st_size : (16u << 20);
+		if (len == 0) {
+			CHECK_OK(close(fd));
+			continue;
+		}
 		uint64_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 		CHECK(p != MAP_FAILED);
-		for (size_t i = 0; i < len / 8; i++) {
-			seed ^= seed << 13;
-			seed ^= seed >> 7;
-			seed ^= seed << 17;
-			p[i] = seed;
-		}
+		fill(p, len, seed);
 		munmap(p, len);
-		close(fd);
+		CHECK_OK(close(fd));
 		found++;
 	}
 	closedir(d);
+	CHECK(published >= 1);
 	return found;
 }
 
