@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -868,18 +869,95 @@ int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
 	return sv[0];
 }
 
-void sv_requester_open(struct sv_requester *r, int sock)
+uint32_t sv_trade_qpn(int sock, const struct ibv_qp *qp)
 {
-	sv_open(&r->dev);
-	sv_pair_cfg_init(&r->cfg);
-	r->cq = sv_create_cq(&r->dev, 64, NULL, NULL);
-	r->qp = sv_create_qp(&r->dev, &r->cfg, r->cq, r->cq, NULL, NULL);
-	r->mr = sv_alloc_mr(r->dev.pd, 4096, SV_ACCESS_ALL);
-	uint32_t me = r->qp->qp_num, peer;
+	uint32_t me = qp->qp_num, peer;
 	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(r->qp, &r->cfg));
-	CHECK_OK(sv_modify_rtr(r->qp, &r->dev, peer, &r->cfg));
-	CHECK_OK(sv_modify_rts(r->qp, &r->cfg));
+	return peer;
+}
+
+void sv_trade_remote(int sock, const struct ibv_qp *qp, const struct ibv_mr *mr,
+		     struct sv_remote *peer)
+{
+	struct sv_remote me;
+	memset(&me, 0, sizeof(me));
+	me.qpn = qp->qp_num;
+	me.addr = (uint64_t)(uintptr_t)mr->addr;
+	me.rkey = mr->rkey;
+	sv_exchange(sock, &me, peer, sizeof(me));
+}
+
+void sv_connect_remote(struct ibv_qp *qp, const struct sv_dev *d, const struct sv_pair_cfg *cfg,
+		       uint32_t peer_qpn, struct ibv_mr *mr, uint64_t first_id, int nrecv,
+		       uint32_t recv_len)
+{
+	CHECK_OK(sv_modify_init(qp, cfg));
+	for (int i = 0; i < nrecv; i++)
+		CHECK_OK(sv_post_recv(qp, first_id + (uint64_t)i, mr, (size_t)i * recv_len,
+				      recv_len));
+	CHECK_OK(sv_modify_rtr(qp, d, peer_qpn, cfg));
+	CHECK_OK(sv_modify_rts(qp, cfg));
+}
+
+void sv_one_qp_open(struct sv_one_qp *p, const struct sv_pair_cfg *cfg, int cqe, size_t mr_len)
+{
+	memset(p, 0, sizeof(*p));
+	sv_open(&p->dev);
+	if (cfg)
+		p->cfg = *cfg;
+	else
+		sv_pair_cfg_init(&p->cfg);
+	p->cq = sv_create_cq(&p->dev, cqe, NULL, NULL);
+	p->qp = sv_create_qp(&p->dev, &p->cfg, p->cq, p->cq, NULL, NULL);
+	if (mr_len)
+		p->mr = sv_alloc_mr(p->dev.pd, mr_len, SV_ACCESS_ALL);
+}
+
+void sv_one_qp_connect(struct sv_one_qp *p, uint32_t peer_qpn, uint64_t first_id, int nrecv,
+		       uint32_t recv_len)
+{
+	sv_connect_remote(p->qp, &p->dev, &p->cfg, peer_qpn, p->mr, first_id, nrecv, recv_len);
+}
+
+void sv_one_qp_close(struct sv_one_qp *p)
+{
+	if (p->qp)
+		CHECK_OK(ibv_destroy_qp(p->qp));
+	p->qp = NULL;
+	if (p->mr)
+		sv_free_mr(p->mr);
+	p->mr = NULL;
+	if (p->cq)
+		CHECK_OK(ibv_destroy_cq(p->cq));
+	p->cq = NULL;
+	sv_close(&p->dev);
+}
+
+void sv_requester_open(struct sv_one_qp *r, int sock)
+{
+	sv_one_qp_open(r, NULL, 64, 4096);
+	sv_one_qp_connect(r, sv_trade_qpn(sock, r->qp), 0, 0, 0);
+}
+
+int sv_each_fd(pid_t pid, int (*fn)(const char *path, const char *target, void *arg), void *arg)
+{
+	char dir[64];
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(dir);
+	CHECKF(d != NULL, "opendir(%s) failed: %s", dir, strerror(errno));
+	int r = 0;
+	struct dirent *e;
+	while (!r && (e = readdir(d)) != NULL) {
+		char path[512], target[256];
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		ssize_t n = readlink(path, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = 0;
+		r = fn(path, target, arg);
+	}
+	closedir(d);
+	return r;
 }
 
 double sv_cpu_seconds(pid_t pid)

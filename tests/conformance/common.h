@@ -320,16 +320,49 @@ long long sv_now_ms(void);
 /* Forks a peer that runs peer_main(sock), never returning; the parent gets its end of a
  * socketpair to the peer, and the peer's pid in *pid. Call before opening the device. */
 int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid);
-/* The requester side of a two-process test: one RC QP (one CQ for both queues) and a
- * 4 KiB MR, connected to the peer's QP whose number comes over sock (we send ours first). */
-struct sv_requester {
+/* Trades QP numbers with the peer over sock (ours first); returns the peer's. */
+uint32_t sv_trade_qpn(int sock, const struct ibv_qp *qp);
+/* What a peer needs to reach our QP and our MR. */
+struct sv_remote {
+	uint32_t qpn;
+	uint64_t addr; /* the MR's start */
+	uint32_t rkey;
+};
+/* Trades {qp->qp_num, mr's start, mr->rkey} with the peer over sock (ours first). */
+void sv_trade_remote(int sock, const struct ibv_qp *qp, const struct ibv_mr *mr,
+		     struct sv_remote *peer);
+/* Connects qp, in RESET, to QP peer_qpn of another process: INIT, then nrecv receives of
+ * recv_len bytes at mr offsets i * recv_len with wr_id first_id + i (mr may be NULL if nrecv
+ * is 0), then RTR and RTS. */
+void sv_connect_remote(struct ibv_qp *qp, const struct sv_dev *d, const struct sv_pair_cfg *cfg,
+		       uint32_t peer_qpn, struct ibv_mr *mr, uint64_t first_id, int nrecv,
+		       uint32_t recv_len);
+
+/* One side of a two-process test: the device, one CQ for both queues of one RC QP, and an
+ * MR with all access rights. */
+struct sv_one_qp {
 	struct sv_dev dev;
 	struct sv_pair_cfg cfg;
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
-	struct ibv_mr *mr;
+	struct ibv_mr *mr; /* NULL if opened with mr_len 0 */
 };
-void sv_requester_open(struct sv_requester *r, int sock);
+/* Opens the device, creates a CQ of cqe entries and an RC QP (in RESET) with cfg (NULL for
+ * the defaults), and registers a zeroed mr_len-byte buffer (none if mr_len is 0). */
+void sv_one_qp_open(struct sv_one_qp *p, const struct sv_pair_cfg *cfg, int cqe, size_t mr_len);
+/* sv_connect_remote of p->qp with p's device, config and MR. */
+void sv_one_qp_connect(struct sv_one_qp *p, uint32_t peer_qpn, uint64_t first_id, int nrecv,
+		       uint32_t recv_len);
+/* Destroys the QP, frees the MR, destroys the CQ and closes the device; every destroy must
+ * succeed. A member set to NULL (destroyed by the test itself) is skipped. */
+void sv_one_qp_close(struct sv_one_qp *p);
+/* The requester side of a two-process test: sv_one_qp_open with the defaults, a 64-entry CQ
+ * and a 4 KiB MR, connected (no receives) to the peer's QP whose number comes over sock. */
+void sv_requester_open(struct sv_one_qp *r, int sock);
+/* Calls fn(path, target, arg) for each open fd of process `pid`: its /proc/<pid>/fd path and
+ * what that links to (e.g. "/memfd:softverbs-arena (deleted)", "socket:[1234]"). Stops at the
+ * first fn that returns non-zero and returns that; 0 once every fd was visited. */
+int sv_each_fd(pid_t pid, int (*fn)(const char *path, const char *target, void *arg), void *arg);
 /* CPU time (user + system, all threads) process `pid` has used so far, in seconds. */
 double sv_cpu_seconds(pid_t pid);
 /* Waits for the peer forked by sv_fork_peer and fails unless it exited with status 0. */

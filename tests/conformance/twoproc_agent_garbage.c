@@ -10,7 +10,6 @@
  */
 #include "common.h"
 
-#include <dirent.h>
 #include <poll.h>
 #include <stddef.h>
 #include <sys/socket.h>
@@ -37,27 +36,26 @@ _Static_assert(sizeof(struct wire_request) == 640, "WireRequest changed");
 #define WIRE_EXECUTE 1
 #define WIRE_THROUGH_SOCKET 1
 
+struct socket_inodes {
+	unsigned long inode[256];
+	int n;
+};
+
+/* For sv_each_fd: collects the inode of every socket, up to 256 of them. */
+static int add_socket(const char *path, const char *target, void *arg)
+{
+	struct socket_inodes *s = arg;
+	(void)path;
+	if (sscanf(target, "socket:[%lu]", &s->inode[s->n]) == 1)
+		s->n++;
+	return s->n == 256;
+}
+
 /* Connects to the agent of process `pid`: its listening socket with an "-agent-" name. */
 static int connect_agent(pid_t pid)
 {
-	char dir[64];
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
-	unsigned long inodes[256];
-	int ninodes = 0;
-	DIR *d = opendir(dir);
-	CHECK(d != NULL);
-	struct dirent *e;
-	while ((e = readdir(d)) && ninodes < 256) {
-		char path[512], link[64];
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		ssize_t n = readlink(path, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = 0;
-		if (sscanf(link, "socket:[%lu]", &inodes[ninodes]) == 1)
-			ninodes++;
-	}
-	closedir(d);
+	struct socket_inodes sockets = {.n = 0};
+	sv_each_fd(pid, add_socket, &sockets);
 	FILE *f = fopen("/proc/net/unix", "r");
 	CHECK(f != NULL);
 	char line[512], name[256] = "";
@@ -69,8 +67,8 @@ static int connect_agent(pid_t pid)
 			   path) != 5 ||
 		    !(flags & 0x10000) || path[0] != '@' || !strstr(path, "-agent-"))
 			continue;
-		for (int i = 0; i < ninodes; i++)
-			if (inodes[i] == inode)
+		for (int i = 0; i < sockets.n; i++)
+			if (sockets.inode[i] == inode)
 				snprintf(name, sizeof(name), "%s", path + 1);
 	}
 	fclose(f);
@@ -107,31 +105,18 @@ static long peak_kib(pid_t pid)
 static void target_side(int s)
 {
 	sock = s;
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
-	uint32_t peer, me = qp->qp_num;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_post_recv(qp, 1, mr, 0, BIG));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_one_qp b;
+	sv_one_qp_open(&b, NULL, 16, BIG);
+	sv_one_qp_connect(&b, sv_trade_qpn(sock, b.qp), 1, 1, BIG);
 	say(1);
 	CHECK_EQ(hear(), 2);
 	struct ibv_wc wc;
-	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(b.cq, 1, IBV_WC_SUCCESS, b.qp, &wc);
 	CHECK_EQ(wc.byte_len, BIG);
 	for (int i = 0; i < BIG; i++)
-		CHECK_EQ(sv_ptr(mr, 0)[i], 0x5a);
+		CHECK_EQ(sv_ptr(b.mr, 0)[i], 0x5a);
 	say(2);
-	CHECK_OK(ibv_destroy_qp(qp));
-	sv_free_mr(mr);
-	CHECK_OK(ibv_destroy_cq(cq));
-	sv_close(&dev);
+	sv_one_qp_close(&b);
 	_exit(0);
 }
 
@@ -140,18 +125,10 @@ int main(void)
 	sv_init("twoproc_agent_garbage");
 	pid_t child;
 	sock = sv_fork_peer(target_side, &child);
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
-	uint32_t peer, me = qp->qp_num;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_one_qp a;
+	sv_one_qp_open(&a, NULL, 16, BIG);
+	uint32_t peer = sv_trade_qpn(sock, a.qp);
+	sv_one_qp_connect(&a, peer, 0, 0, 0);
 	CHECK_EQ(hear(), 1);
 
 	sv_step("a SEND to B's agent that claims 2 GiB of payload and brings 64 KiB");
@@ -159,7 +136,7 @@ int main(void)
 	memset(&m, 0, sizeof(m));
 	m.magic = WIRE_MAGIC;
 	m.kind = WIRE_EXECUTE;
-	m.src_qpn = me;
+	m.src_qpn = a.qp->qp_num;
 	m.dst_qpn = peer;
 	m.type = IBV_QPT_RC;
 	m.opcode = IBV_WR_SEND;
@@ -203,21 +180,18 @@ int main(void)
 	printf("%d requests sent before the agent stopped taking them\n", sent);
 
 	sv_step("a SEND through B's agent still completes");
-	memset(sv_ptr(mr, 0), 0x5a, BIG);
-	CHECK_OK(sv_post_send(qp, 1, mr, 0, BIG, IBV_SEND_SIGNALED));
+	memset(sv_ptr(a.mr, 0), 0x5a, BIG);
+	CHECK_OK(sv_post_send(a.qp, 1, a.mr, 0, BIG, IBV_SEND_SIGNALED));
 	struct ibv_wc wc;
-	CHECKF(sv_poll(cq, 1, &wc, 20000) == 1, "no completion for the SEND within 20 s");
-	CHECK_WC(wc, 1, IBV_WC_SUCCESS, qp);
+	CHECKF(sv_poll(a.cq, 1, &wc, 20000) == 1, "no completion for the SEND within 20 s");
+	CHECK_WC(wc, 1, IBV_WC_SUCCESS, a.qp);
 	say(2);
 	CHECK_EQ(hear(), 2);
 	CHECK_OK(close(fd));
 
 	sv_step("teardown");
 	sv_wait_peer(child, "B");
-	CHECK_OK(ibv_destroy_qp(qp));
-	sv_free_mr(mr);
-	CHECK_OK(ibv_destroy_cq(cq));
-	sv_close(&dev);
+	sv_one_qp_close(&a);
 	sv_pass();
 	return 0;
 }

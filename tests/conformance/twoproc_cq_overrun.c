@@ -15,7 +15,7 @@ static int sock;
 static void requester(int s)
 {
 	sock = s;
-	struct sv_requester r;
+	struct sv_one_qp r;
 	sv_requester_open(&r, sock);
 	int count = sv_hear(sock);
 	struct ibv_wc wc;
@@ -45,13 +45,7 @@ int main(void)
 	struct ibv_cq *scq = sv_create_cq(&dev, 16, NULL, NULL);
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, scq, small, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
-	uint32_t me = qp->qp_num, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	for (int i = 0; i < count; i++)
-		CHECK_OK(sv_post_recv(qp, (uint64_t)i, mr, (size_t)i * MSG, MSG));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	sv_connect_remote(qp, &dev, &cfg, sv_trade_qpn(sock, qp), mr, 0, count, MSG);
 
 	sv_step("the peer sends cq->cqe + 1 = %d SENDs while we do not poll", count);
 	sv_say(sock, count);

@@ -12,7 +12,6 @@
  */
 #include "common.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 
 #define MSG 64
@@ -22,40 +21,34 @@ static int sock;
 static void say(int v) { sv_say(sock, v); }
 static int hear(void) { return sv_hear(sock); }
 
+/* For sv_each_fd: zeroes the fd if it is an arena, counting it in *(int *)arg. */
+static int zero_if_arena(const char *path, const char *target, void *arg)
+{
+	int *found = arg;
+	if (!strstr(target, "memfd:softverbs-arena"))
+		return 0;
+	int fd = open(path, O_RDWR);
+	CHECK(fd >= 0);
+	off_t size = lseek(fd, 0, SEEK_END);
+	CHECK_OK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, size));
+	close(fd);
+	(*found)++;
+	return 0;
+}
+
 /* Zeroes the shared arena of process `pid` (what a peer may write), as a peer gone wrong
  * would; returns how many arenas it found. */
 static int zero_arena_of(pid_t pid)
 {
-	char dir[64];
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
-	DIR *d = opendir(dir);
-	CHECK(d != NULL);
 	int found = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL) {
-		char path[320], target[256];
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		ssize_t n = readlink(path, target, sizeof(target) - 1);
-		if (n <= 0)
-			continue;
-		target[n] = 0;
-		if (!strstr(target, "memfd:softverbs-arena"))
-			continue;
-		int fd = open(path, O_RDWR);
-		CHECK(fd >= 0);
-		off_t size = lseek(fd, 0, SEEK_END);
-		CHECK_OK(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, size));
-		close(fd);
-		found++;
-	}
-	closedir(d);
+	sv_each_fd(pid, zero_if_arena, &found);
 	return found;
 }
 
 static void requester(int s)
 {
 	sock = s;
-	struct sv_requester r;
+	struct sv_one_qp r;
 	sv_requester_open(&r, sock);
 	struct ibv_wc wc;
 	/* Each step: A says which SEND it wants (flags), we send it and say when it is out. */
@@ -96,13 +89,7 @@ int main(void)
 	struct ibv_cq *rcq = sv_create_cq(&dev, 16, NULL, ch);
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, scq, rcq, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
-	uint32_t me = qp->qp_num, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	for (int i = 0; i < 8; i++)
-		CHECK_OK(sv_post_recv(qp, (uint64_t)i, mr, (size_t)i * MSG, MSG));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	sv_connect_remote(qp, &dev, &cfg, sv_trade_qpn(sock, qp), mr, 0, 8, MSG);
 	struct ibv_wc wc;
 	struct ibv_cq *ev_cq;
 	void *ev_ctx;

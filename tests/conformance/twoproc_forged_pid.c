@@ -9,7 +9,6 @@
  */
 #include "common.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -43,11 +42,6 @@ struct window_header {
 };
 #define WINDOW_MAGIC 0x5356574eu
 
-struct remote {
-	uint32_t qpn, rkey;
-	uint64_t addr;
-};
-
 static int filled_with(const uint8_t *p, size_t n, uint8_t v)
 {
 	for (size_t i = 0; i < n; i++)
@@ -56,75 +50,69 @@ static int filled_with(const uint8_t *p, size_t n, uint8_t v)
 	return 1;
 }
 
+struct forgery {
+	uint32_t qpn, peer_qpn;
+	pid_t pid;
+};
+
+/* For sv_each_fd: if the fd is an arena that holds the window f->qpn -> f->peer_qpn, names
+ * f->pid as the window's owner, drops its `live` flag and returns 1. */
+static int forge_in(const char *path, const char *target, void *arg)
+{
+	const struct forgery *f = arg;
+	if (!strstr(target, "memfd:softverbs-arena"))
+		return 0;
+	int forged = 0;
+	int fd = open(path, O_RDWR);
+	CHECK(fd >= 0);
+	struct stat st;
+	CHECK_OK(fstat(fd, &st));
+	char *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	CHECK(base != MAP_FAILED);
+	/* Windows start on 4 KiB blocks; only the blocks that hold data are looked at. */
+	off_t at = lseek(fd, 0, SEEK_DATA);
+	while (!forged && at >= 0 && at < st.st_size) {
+		off_t end = lseek(fd, at, SEEK_HOLE);
+		CHECK(end > at);
+		for (off_t off = at & ~(off_t)4095; off < end; off += 4096) {
+			struct window_header *h = (struct window_header *)(base + off);
+			if (h->magic != WINDOW_MAGIC || h->qpn != f->qpn ||
+			    h->peer_qpn != f->peer_qpn)
+				continue;
+			h->owner_pid = f->pid;
+			__atomic_store_n(&h->live, 0, __ATOMIC_RELEASE);
+			forged = 1;
+			break;
+		}
+		at = lseek(fd, end, SEEK_DATA);
+	}
+	munmap(base, (size_t)st.st_size);
+	CHECK_OK(close(fd));
+	return forged;
+}
+
 /* Finds the window of B's QP `qpn` for A's QP `peer_qpn` in B's arena, names `pid` as its
  * owner there and drops its `live` flag, so that A's requester asks B for it again. */
 static void forge_window(pid_t b, uint32_t qpn, uint32_t peer_qpn, pid_t pid)
 {
-	char dir[64];
-	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)b);
-	DIR *d = opendir(dir);
-	CHECK(d != NULL);
-	int forged = 0;
-	struct dirent *e;
-	while (!forged && (e = readdir(d))) {
-		char path[512], link[256];
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		ssize_t n = readlink(path, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = 0;
-		if (!strstr(link, "memfd:softverbs-arena"))
-			continue;
-		int fd = open(path, O_RDWR);
-		CHECK(fd >= 0);
-		struct stat st;
-		CHECK_OK(fstat(fd, &st));
-		char *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		CHECK(base != MAP_FAILED);
-		/* Windows start on 4 KiB blocks; only the blocks that hold data are looked at. */
-		off_t at = lseek(fd, 0, SEEK_DATA);
-		while (!forged && at >= 0 && at < st.st_size) {
-			off_t end = lseek(fd, at, SEEK_HOLE);
-			CHECK(end > at);
-			for (off_t off = at & ~(off_t)4095; off < end; off += 4096) {
-				struct window_header *h = (struct window_header *)(base + off);
-				if (h->magic != WINDOW_MAGIC || h->qpn != qpn || h->peer_qpn != peer_qpn)
-					continue;
-				h->owner_pid = pid;
-				__atomic_store_n(&h->live, 0, __ATOMIC_RELEASE);
-				forged = 1;
-				break;
-			}
-			at = lseek(fd, end, SEEK_DATA);
-		}
-		munmap(base, (size_t)st.st_size);
-		CHECK_OK(close(fd));
-	}
-	closedir(d);
-	CHECKF(forged, "no receive window of QP %u for QP %u in process %d", qpn, peer_qpn,
-	       (int)b);
+	struct forgery f = {qpn, peer_qpn, pid};
+	CHECKF(sv_each_fd(b, forge_in, &f), "no receive window of QP %u for QP %u in process %d",
+	       qpn, peer_qpn, (int)b);
 }
 
 static void target_side(int s)
 {
 	sock = s;
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
+	struct sv_one_qp b;
+	/* No MR from sv_one_qp_open: ours is in `target`, at the same address as in A. */
+	sv_one_qp_open(&b, NULL, 16, 0);
 	memset(target, 0, sizeof(target));
-	struct ibv_mr *mr = ibv_reg_mr(dev.pd, target + AT, LEN,
+	struct ibv_mr *mr = ibv_reg_mr(b.dev.pd, target + AT, LEN,
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	CHECK(mr != NULL);
-	struct remote me = {qp->qp_num, mr->rkey, (uint64_t)(uintptr_t)(target + AT)};
-	uint32_t peer;
-	CHECK(write(sock, &me, sizeof(me)) == (ssize_t)sizeof(me));
-	CHECK(read(sock, &peer, sizeof(peer)) == (ssize_t)sizeof(peer));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_remote peer;
+	sv_trade_remote(sock, b.qp, mr, &peer);
+	sv_one_qp_connect(&b, peer.qpn, 0, 0, 0);
 	say(1);
 	CHECK_EQ(hear(), 2);
 	CHECKF(filled_with(target + AT, LEN, 0xa1), "the first RDMA WRITE did not land");
@@ -133,10 +121,10 @@ static void target_side(int s)
 	CHECKF(filled_with(target + AT, LEN, 0xb2),
 	       "the RDMA WRITE after the forged window did not land here");
 	say(3);
-	CHECK_OK(ibv_destroy_qp(qp));
+	CHECK_OK(ibv_destroy_qp(b.qp));
+	b.qp = NULL;
 	CHECK_OK(ibv_dereg_mr(mr));
-	CHECK_OK(ibv_destroy_cq(cq));
-	sv_close(&dev);
+	sv_one_qp_close(&b);
 	_exit(0);
 }
 
@@ -146,37 +134,29 @@ int main(void)
 	pid_t child;
 	sock = sv_fork_peer(target_side, &child);
 	memset(target, 0x3c, sizeof(target)); /* A's own copy: must stay as it is */
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *src = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
-	struct remote b;
-	CHECK(read(sock, &b, sizeof(b)) == (ssize_t)sizeof(b));
-	CHECK(write(sock, &qp->qp_num, sizeof(qp->qp_num)) == (ssize_t)sizeof(qp->qp_num));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_modify_rtr(qp, &dev, b.qpn, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_one_qp a;
+	sv_one_qp_open(&a, NULL, 16, 4096);
+	struct sv_remote b;
+	sv_trade_remote(sock, a.qp, a.mr, &b);
+	sv_one_qp_connect(&a, b.qpn, 0, 0, 0);
 	CHECK_EQ(hear(), 1);
 	CHECK_EQ(b.addr, (uint64_t)(uintptr_t)(target + AT));
 
 	sv_step("an RDMA WRITE into B (opens B's receive window)");
 	struct ibv_wc wc;
-	memset(sv_ptr(src, 0), 0xa1, LEN);
-	CHECK_OK(sv_post_rdma(qp, 1, IBV_WR_RDMA_WRITE, src, 0, LEN, IBV_SEND_SIGNALED, b.addr,
+	memset(sv_ptr(a.mr, 0), 0xa1, LEN);
+	CHECK_OK(sv_post_rdma(a.qp, 1, IBV_WR_RDMA_WRITE, a.mr, 0, LEN, IBV_SEND_SIGNALED, b.addr,
 			      b.rkey));
-	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(a.cq, 1, IBV_WC_SUCCESS, a.qp, &wc);
 	say(2);
 	CHECK_EQ(hear(), 2);
 
 	sv_step("B's window names us as its owner; the next RDMA WRITE still lands in B");
-	forge_window(child, b.qpn, qp->qp_num, getpid());
-	memset(sv_ptr(src, 0), 0xb2, LEN);
-	CHECK_OK(sv_post_rdma(qp, 2, IBV_WR_RDMA_WRITE, src, 0, LEN, IBV_SEND_SIGNALED, b.addr,
+	forge_window(child, b.qpn, a.qp->qp_num, getpid());
+	memset(sv_ptr(a.mr, 0), 0xb2, LEN);
+	CHECK_OK(sv_post_rdma(a.qp, 2, IBV_WR_RDMA_WRITE, a.mr, 0, LEN, IBV_SEND_SIGNALED, b.addr,
 			      b.rkey));
-	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(a.cq, 2, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECKF(filled_with(target, sizeof(target), 0x3c),
 	       "the RDMA WRITE landed in this process instead of B");
 	say(3);
@@ -184,10 +164,7 @@ int main(void)
 
 	sv_step("teardown");
 	sv_wait_peer(child, "B");
-	CHECK_OK(ibv_destroy_qp(qp));
-	sv_free_mr(src);
-	CHECK_OK(ibv_destroy_cq(cq));
-	sv_close(&dev);
+	sv_one_qp_close(&a);
 	sv_pass();
 	return 0;
 }

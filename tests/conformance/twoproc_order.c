@@ -19,7 +19,7 @@ static uint32_t length_of(int i) { return i % 2 ? SMALL : LARGE; }
 static void requester(int s)
 {
 	sock = s;
-	struct sv_requester r;
+	struct sv_one_qp r;
 	sv_requester_open(&r, sock);
 	struct ibv_mr *big = sv_alloc_mr(r.dev.pd, LARGE, SV_ACCESS_ALL);
 	CHECK_EQ(sv_hear(sock), 1);
@@ -47,13 +47,7 @@ int main(void)
 	struct ibv_cq *rcq = sv_create_cq(&dev, ROUNDS, NULL, NULL);
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, scq, rcq, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, (size_t)ROUNDS * LARGE, SV_ACCESS_ALL);
-	uint32_t me = qp->qp_num, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	for (int i = 0; i < ROUNDS; i++)
-		CHECK_OK(sv_post_recv(qp, (uint64_t)i, mr, (size_t)i * LARGE, LARGE));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	sv_connect_remote(qp, &dev, &cfg, sv_trade_qpn(sock, qp), mr, 0, ROUNDS, LARGE);
 
 	sv_step("%d SENDs alternating 64 KiB (agent) and 64 B (window), polled as they come", ROUNDS);
 	sv_say(sock, 1);

@@ -35,66 +35,52 @@ static void peer_main(int s)
 {
 	sock = s;
 	int round = hear();
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
+	struct sv_one_qp b;
 	/* Peer 2 gets peer 1's slot and, both forked from us, the same next index: peer 1's
 	 * QPN. Our SENDs must then reach peer 2, not the dead peer 1's receive window. */
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 3 * MSG, SV_ACCESS_ALL);
-	uint32_t me = qp->qp_num, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_post_recv(qp, 1, mr, 0, MSG));
-	CHECK_OK(sv_post_recv(qp, 2, mr, MSG, MSG));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	sv_one_qp_open(&b, &cfg, 16, 3 * MSG);
+	sv_one_qp_connect(&b, sv_trade_qpn(sock, b.qp), 1, 2, MSG);
 	say(1);
 
 	struct ibv_wc wc;
 	CHECK_EQ(hear(), 2); /* the survivor's first SEND is done */
-	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(b.cq, 1, IBV_WC_SUCCESS, b.qp, &wc);
 	CHECK_EQ(wc.byte_len, MSG);
-	CHECK_EQ(sv_ptr(mr, 0)[MSG - 1], 0x10 + round);
-	memset(sv_ptr(mr, 2 * MSG), 0x20 + round, MSG);
-	CHECK_OK(sv_post_send(qp, 3, mr, 2 * MSG, MSG, IBV_SEND_SIGNALED));
-	sv_expect_wc(cq, 3, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_EQ(sv_ptr(b.mr, 0)[MSG - 1], 0x10 + round);
+	memset(sv_ptr(b.mr, 2 * MSG), 0x20 + round, MSG);
+	CHECK_OK(sv_post_send(b.qp, 3, b.mr, 2 * MSG, MSG, IBV_SEND_SIGNALED));
+	sv_expect_wc(b.cq, 3, IBV_WC_SUCCESS, b.qp, &wc);
 	say(3);
 
 	CHECK_EQ(hear(), 4); /* its second SEND is done */
-	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(b.cq, 2, IBV_WC_SUCCESS, b.qp, &wc);
 	CHECK_EQ(wc.byte_len, MSG);
-	CHECK_EQ(sv_ptr(mr, MSG)[MSG - 1], 0x30 + round);
+	CHECK_EQ(sv_ptr(b.mr, MSG)[MSG - 1], 0x30 + round);
 	say(5);
 	char eof;
 	CHECK(read(sock, &eof, 1) == 0); /* killed before that */
 }
 
-/* Forks peer `round`, connects qp to it from RESET and trades a SEND each way. */
-static pid_t connect_peer(struct sv_dev *dev, struct ibv_qp *qp, struct ibv_cq *cq,
-			  struct ibv_mr *mr, int round, uint32_t *peer_qpn)
+/* Forks peer `round`, connects a->qp to it from RESET and trades a SEND each way. */
+static pid_t connect_peer(struct sv_one_qp *a, int round, uint32_t *peer_qpn)
 {
 	pid_t child;
 	sock = sv_fork_peer(peer_main, &child);
 	say(round);
-	uint32_t me = qp->qp_num;
-	sv_exchange(sock, &me, peer_qpn, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_post_recv(qp, 100 + round, mr, 0, MSG));
-	CHECK_OK(sv_modify_rtr(qp, dev, *peer_qpn, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	*peer_qpn = sv_trade_qpn(sock, a->qp);
+	sv_one_qp_connect(a, *peer_qpn, 100 + round, 1, MSG);
 	CHECK_EQ(hear(), 1);
 
 	struct ibv_wc wc;
-	memset(sv_ptr(mr, MSG), 0x10 + round, MSG);
-	CHECK_OK(sv_post_send(qp, 200 + round, mr, MSG, MSG, IBV_SEND_SIGNALED));
-	sv_expect_wc(cq, 200 + round, IBV_WC_SUCCESS, qp, &wc);
+	memset(sv_ptr(a->mr, MSG), 0x10 + round, MSG);
+	CHECK_OK(sv_post_send(a->qp, 200 + round, a->mr, MSG, MSG, IBV_SEND_SIGNALED));
+	sv_expect_wc(a->cq, 200 + round, IBV_WC_SUCCESS, a->qp, &wc);
 	say(2);
 	CHECK_EQ(hear(), 3);
-	sv_expect_wc(cq, 100 + round, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(a->cq, 100 + round, IBV_WC_SUCCESS, a->qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_RECV);
 	CHECK_EQ(wc.byte_len, MSG);
-	CHECK_EQ(sv_ptr(mr, 0)[MSG - 1], 0x20 + round);
+	CHECK_EQ(sv_ptr(a->mr, 0)[MSG - 1], 0x20 + round);
 	return child;
 }
 
@@ -116,54 +102,48 @@ int main(void)
 	cfg.timeout = TIMEOUT;
 	cfg.retry_cnt = RETRY_CNT;
 
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 2 * MSG, SV_ACCESS_ALL);
+	struct sv_one_qp a;
+	sv_one_qp_open(&a, &cfg, 16, 2 * MSG);
 	struct ibv_async_event ev;
 	struct ibv_wc wc;
 	uint32_t qpn1, qpn2;
 
 	sv_step("connected to peer 1, a SEND each way");
-	pid_t peer1 = connect_peer(&dev, qp, cq, mr, 1, &qpn1);
+	pid_t peer1 = connect_peer(&a, 1, &qpn1);
 
 	sv_step("peer 1 killed; our QP reset and connected to peer 2, a SEND each way");
 	kill_peer(peer1);
 	long long died = sv_now_ms();
 	sv_sleep_ms(100); /* time to notice the death (and arm the timer) while connected */
-	CHECK_OK(sv_modify_state(qp, IBV_QPS_RESET));
-	pid_t peer2 = connect_peer(&dev, qp, cq, mr, 2, &qpn2);
+	CHECK_OK(sv_modify_state(a.qp, IBV_QPS_RESET));
+	pid_t peer2 = connect_peer(&a, 2, &qpn2);
 	printf("peer 1 QPN 0x%06x, peer 2 QPN 0x%06x\n", qpn1, qpn2);
 	CHECKF(qpn2 >> 14 == qpn1 >> 14, "peer 2 is not in peer 1's registry slot");
 
 	sv_step("three retry budgets (%d ms each) after peer 1 died: RTS, no event", budget_ms());
 	int left = (int)(died + 3 * budget_ms() - sv_now_ms());
-	if (sv_wait_async(dev.ctx, left > SV_QUIET_MS ? left : SV_QUIET_MS, &ev))
+	if (sv_wait_async(a.dev.ctx, left > SV_QUIET_MS ? left : SV_QUIET_MS, &ev))
 		CHECKF(0, "async event %s for %p while connected to a live peer",
 		       sv_event_name(ev.event_type), sv_async_element(&ev));
-	CHECK_EQ(sv_query_state(qp), IBV_QPS_RTS);
-	sv_expect_empty(cq, "connected to a live peer");
+	CHECK_EQ(sv_query_state(a.qp), IBV_QPS_RTS);
+	sv_expect_empty(a.cq, "connected to a live peer");
 
 	sv_step("another SEND to peer 2");
-	memset(sv_ptr(mr, MSG), 0x32, MSG);
-	CHECK_OK(sv_post_send(qp, 300, mr, MSG, MSG, IBV_SEND_SIGNALED));
-	sv_expect_wc(cq, 300, IBV_WC_SUCCESS, qp, &wc);
+	memset(sv_ptr(a.mr, MSG), 0x32, MSG);
+	CHECK_OK(sv_post_send(a.qp, 300, a.mr, MSG, MSG, IBV_SEND_SIGNALED));
+	sv_expect_wc(a.cq, 300, IBV_WC_SUCCESS, a.qp, &wc);
 	say(4);
 	CHECK_EQ(hear(), 5);
 
 	sv_step("peer 2 killed while connected: QP_FATAL, ERR, our receive flushed");
-	CHECK_OK(sv_post_recv(qp, 400, mr, 0, MSG));
+	CHECK_OK(sv_post_recv(a.qp, 400, a.mr, 0, MSG));
 	kill_peer(peer2);
-	sv_expect_async(dev.ctx, IBV_EVENT_QP_FATAL, qp);
-	CHECK_EQ(sv_query_state(qp), IBV_QPS_ERR);
-	sv_expect_wc(cq, 400, IBV_WC_WR_FLUSH_ERR, qp, &wc);
+	sv_expect_async(a.dev.ctx, IBV_EVENT_QP_FATAL, a.qp);
+	CHECK_EQ(sv_query_state(a.qp), IBV_QPS_ERR);
+	sv_expect_wc(a.cq, 400, IBV_WC_WR_FLUSH_ERR, a.qp, &wc);
 
 	sv_step("teardown");
-	CHECK_OK(ibv_destroy_qp(qp));
-	sv_free_mr(mr);
-	CHECK_OK(ibv_destroy_cq(cq));
-	sv_close(&dev);
+	sv_one_qp_close(&a);
 	{
 		char path[512];
 		snprintf(path, sizeof(path), "%s/registry", dir);

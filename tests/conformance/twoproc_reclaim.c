@@ -19,12 +19,6 @@
 #define ROUNDS 24
 #define SMALL 64
 
-struct info {
-	uint32_t qpn;
-	uint64_t addr;
-	uint32_t rkey;
-};
-
 static int sock;
 static void say(int v) { sv_say(sock, v); }
 static int hear(void) { return sv_hear(sock); }
@@ -82,34 +76,26 @@ static long arena_rss_kb(void)
 static void peer_main(int s)
 {
 	sock = s;
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 16, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4 * SMALL, SV_ACCESS_ALL);
-	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
+	struct sv_one_qp b;
+	sv_one_qp_open(&b, NULL, 16, 4 * SMALL);
+	struct sv_remote peer;
+	sv_trade_remote(sock, b.qp, b.mr, &peer);
 	int round = hear();
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_post_recv(qp, 1, mr, 0, SMALL));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	sv_one_qp_connect(&b, peer.qpn, 1, 1, SMALL);
 	CHECK_EQ(hear(), 1); /* the survivor is at RTS with a receive posted */
 
 	struct ibv_wc wc;
-	memset(sv_ptr(mr, 2 * SMALL), 0x10 + round, SMALL);
-	CHECK_OK(sv_post_send(qp, 2, mr, 2 * SMALL, SMALL, IBV_SEND_SIGNALED));
-	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, qp, &wc);
+	memset(sv_ptr(b.mr, 2 * SMALL), 0x10 + round, SMALL);
+	CHECK_OK(sv_post_send(b.qp, 2, b.mr, 2 * SMALL, SMALL, IBV_SEND_SIGNALED));
+	sv_expect_wc(b.cq, 2, IBV_WC_SUCCESS, b.qp, &wc);
 	say(1);
 
 	CHECK_EQ(hear(), 2); /* its SEND and RDMA WRITE are done */
-	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, qp, &wc);
-	CHECK_EQ(sv_ptr(mr, 0)[0], 0x40 + round);
-	CHECK_EQ(sv_ptr(mr, 0)[SMALL - 1], 0x40 + round);
-	CHECK_EQ(sv_ptr(mr, SMALL)[0], 0x70 + round);
-	CHECK_EQ(sv_ptr(mr, SMALL)[SMALL - 1], 0x70 + round);
+	sv_expect_wc(b.cq, 1, IBV_WC_SUCCESS, b.qp, &wc);
+	CHECK_EQ(sv_ptr(b.mr, 0)[0], 0x40 + round);
+	CHECK_EQ(sv_ptr(b.mr, 0)[SMALL - 1], 0x40 + round);
+	CHECK_EQ(sv_ptr(b.mr, SMALL)[0], 0x70 + round);
+	CHECK_EQ(sv_ptr(b.mr, SMALL)[SMALL - 1], 0x70 + round);
 	say(3);
 	char eof;
 	CHECK(read(sock, &eof, 1) == 0); /* until the survivor closes the socket */
@@ -132,13 +118,10 @@ int main(void)
 		pid_t child;
 		sock = sv_fork_peer(peer_main, &child);
 		struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-		struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
-		sv_exchange(sock, &me, &peer, sizeof(me));
+		struct sv_remote peer;
+		sv_trade_remote(sock, qp, mr, &peer);
 		say(round);
-		CHECK_OK(sv_modify_init(qp, &cfg));
-		CHECK_OK(sv_post_recv(qp, 100 + round, mr, 0, SMALL));
-		CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
-		CHECK_OK(sv_modify_rts(qp, &cfg));
+		sv_connect_remote(qp, &dev, &cfg, peer.qpn, mr, 100 + round, 1, SMALL);
 		say(1);
 
 		struct ibv_wc wc;

@@ -110,11 +110,8 @@ int main(void)
 	}
 	sv_exchange(sock, mine, peer, sizeof(mine));
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
-	for (int i = 0; i < 2; i++) {
-		CHECK_OK(sv_modify_init(qp[i], &cfg));
-		CHECK_OK(sv_modify_rtr(qp[i], &dev, peer[i], &cfg));
-		CHECK_OK(sv_modify_rts(qp[i], &cfg));
-	}
+	for (int i = 0; i < 2; i++)
+		sv_connect_remote(qp[i], &dev, &cfg, peer[i], NULL, 0, 0, 0);
 	CHECK_EQ(hear(), 1);
 	struct ibv_wc wc;
 

@@ -13,12 +13,6 @@
 #define SMALL 64
 #define LARGE_SEND (64 * 1024)
 
-struct info {
-	uint32_t qpn;
-	uint64_t addr;
-	uint32_t rkey;
-};
-
 static int sock;
 
 static void say(int v) { sv_say(sock, v); }
@@ -37,13 +31,9 @@ static void responder(int s)
 	struct ibv_cq *rcq = sv_create_cq(&dev, 64, &rcq, ch);
 	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, scq, rcq, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
-	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_post_recv(qp, 1, mr, 0, SMALL));
-	CHECK_OK(sv_post_recv(qp, 2, mr, SMALL, SMALL));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_remote peer;
+	sv_trade_remote(sock, qp, mr, &peer);
+	sv_connect_remote(qp, &dev, &cfg, peer.qpn, mr, 1, 2, SMALL);
 	say(1);
 
 	struct ibv_wc wc;
@@ -140,111 +130,105 @@ int main(void)
 	pid_t child;
 	sock = sv_fork_peer(responder, &child);
 
-	struct sv_dev dev;
-	sv_open(&dev);
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	struct ibv_cq *cq = sv_create_cq(&dev, 64, NULL, NULL);
-	struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(dev.pd, BIG, SV_ACCESS_ALL);
-	struct info me = {qp->qp_num, sv_addr(mr, 0), mr->rkey}, peer;
-	sv_exchange(sock, &me, &peer, sizeof(me));
-	CHECK(peer.qpn != me.qpn);
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	CHECK_OK(sv_modify_rtr(qp, &dev, peer.qpn, &cfg));
-	CHECK_OK(sv_modify_rts(qp, &cfg));
+	struct sv_one_qp a;
+	sv_one_qp_open(&a, NULL, 64, BIG);
+	struct sv_remote peer;
+	sv_trade_remote(sock, a.qp, a.mr, &peer);
+	CHECK(peer.qpn != a.qp->qp_num);
+	sv_one_qp_connect(&a, peer.qpn, 0, 0, 0);
 	CHECK_EQ(hear(), 1);
 	struct ibv_wc wc;
 
 	sv_step("small SEND and SEND_WITH_IMM to another process");
-	memset(sv_ptr(mr, 0), 0xa1, SMALL);
-	memset(sv_ptr(mr, SMALL), 0xa2, SMALL);
-	CHECK_OK(sv_post_send(qp, 11, mr, 0, SMALL, IBV_SEND_SIGNALED));
+	memset(sv_ptr(a.mr, 0), 0xa1, SMALL);
+	memset(sv_ptr(a.mr, SMALL), 0xa2, SMALL);
+	CHECK_OK(sv_post_send(a.qp, 11, a.mr, 0, SMALL, IBV_SEND_SIGNALED));
 	struct ibv_send_wr wr, *bad;
 	struct ibv_sge sge;
-	sv_wr_init(&wr, &sge, 12, IBV_WR_SEND_WITH_IMM, mr, SMALL, SMALL, IBV_SEND_SIGNALED);
+	sv_wr_init(&wr, &sge, 12, IBV_WR_SEND_WITH_IMM, a.mr, SMALL, SMALL, IBV_SEND_SIGNALED);
 	wr.imm_data = htobe32(0xfeedbeef);
-	CHECK_OK(ibv_post_send(qp, &wr, &bad));
-	sv_expect_wc(cq, 11, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OK(ibv_post_send(a.qp, &wr, &bad));
+	sv_expect_wc(a.cq, 11, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_SEND);
-	sv_expect_wc(cq, 12, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(a.cq, 12, IBV_WC_SUCCESS, a.qp, &wc);
 	say(1);
 	CHECK_EQ(hear(), 1);
 
 	sv_step("a SEND from two buffers, an inline SEND, a small RDMA WRITE, to another process");
 	CHECK_EQ(hear(), 11);
-	memset(sv_ptr(mr, 0), 0xb1, 16);
-	memset(sv_ptr(mr, 64), 0xb2, 16);
-	struct ibv_sge two[2] = {{sv_addr(mr, 0), 16, mr->lkey}, {sv_addr(mr, 64), 16, mr->lkey}};
-	sv_wr_init(&wr, &sge, 13, IBV_WR_SEND, mr, 0, 16, IBV_SEND_SIGNALED);
+	memset(sv_ptr(a.mr, 0), 0xb1, 16);
+	memset(sv_ptr(a.mr, 64), 0xb2, 16);
+	struct ibv_sge two[2] = {{sv_addr(a.mr, 0), 16, a.mr->lkey},
+				 {sv_addr(a.mr, 64), 16, a.mr->lkey}};
+	sv_wr_init(&wr, &sge, 13, IBV_WR_SEND, a.mr, 0, 16, IBV_SEND_SIGNALED);
 	wr.sg_list = two;
 	wr.num_sge = 2;
-	CHECK_OK(ibv_post_send(qp, &wr, &bad));
-	sv_expect_wc(cq, 13, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OK(ibv_post_send(a.qp, &wr, &bad));
+	sv_expect_wc(a.cq, 13, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_SEND);
 	uint8_t inl[16];
 	memset(inl, 0xb3, sizeof(inl));
 	struct ibv_sge inl_sge = {(uintptr_t)inl, sizeof(inl), 0}; /* inline: no key needed */
-	sv_wr_init(&wr, &sge, 14, IBV_WR_SEND, mr, 0, 16, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+	sv_wr_init(&wr, &sge, 14, IBV_WR_SEND, a.mr, 0, 16, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
 	wr.sg_list = &inl_sge;
-	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	CHECK_OK(ibv_post_send(a.qp, &wr, &bad));
 	memset(inl, 0, sizeof(inl)); /* ours again as soon as ibv_post_send returned */
-	sv_expect_wc(cq, 14, IBV_WC_SUCCESS, qp, &wc);
-	memset(sv_ptr(mr, 128), 0xb4, 8);
-	CHECK_OK(sv_post_rdma(qp, 15, IBV_WR_RDMA_WRITE, mr, 128, 8, IBV_SEND_SIGNALED,
+	sv_expect_wc(a.cq, 14, IBV_WC_SUCCESS, a.qp, &wc);
+	memset(sv_ptr(a.mr, 128), 0xb4, 8);
+	CHECK_OK(sv_post_rdma(a.qp, 15, IBV_WR_RDMA_WRITE, a.mr, 128, 8, IBV_SEND_SIGNALED,
 			      peer.addr + 12288, peer.rkey));
-	sv_expect_wc(cq, 15, IBV_WC_SUCCESS, qp, &wc);
+	sv_expect_wc(a.cq, 15, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_RDMA_WRITE);
-	CHECK_EQ(wc.qp_num, qp->qp_num);
+	CHECK_EQ(wc.qp_num, a.qp->qp_num);
 	say(11);
 	CHECK_EQ(hear(), 11);
 
 	sv_step("SEND of 64 KiB to another process");
 	CHECK_EQ(hear(), 2);
 	for (int i = 0; i < LARGE_SEND; i++)
-		sv_ptr(mr, i)[0] = (uint8_t)(i * 7);
-	CHECK_OK(sv_post_send(qp, 21, mr, 0, LARGE_SEND, IBV_SEND_SIGNALED));
-	sv_expect_wc(cq, 21, IBV_WC_SUCCESS, qp, &wc);
+		sv_ptr(a.mr, i)[0] = (uint8_t)(i * 7);
+	CHECK_OK(sv_post_send(a.qp, 21, a.mr, 0, LARGE_SEND, IBV_SEND_SIGNALED));
+	sv_expect_wc(a.cq, 21, IBV_WC_SUCCESS, a.qp, &wc);
 	say(2);
 	CHECK_EQ(hear(), 2);
 
 	sv_step("RDMA WRITE of 1 MiB into a process blocked in read(2)");
 	for (int i = 0; i < BIG; i++)
-		sv_ptr(mr, i)[0] = (uint8_t)(i * 13);
-	CHECK_OK(sv_post_rdma(qp, 31, IBV_WR_RDMA_WRITE, mr, 0, BIG, IBV_SEND_SIGNALED, peer.addr,
-			      peer.rkey));
-	sv_expect_wc(cq, 31, IBV_WC_SUCCESS, qp, &wc);
+		sv_ptr(a.mr, i)[0] = (uint8_t)(i * 13);
+	CHECK_OK(sv_post_rdma(a.qp, 31, IBV_WR_RDMA_WRITE, a.mr, 0, BIG, IBV_SEND_SIGNALED,
+			      peer.addr, peer.rkey));
+	sv_expect_wc(a.cq, 31, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_RDMA_WRITE);
 	say(3);
 	CHECK_EQ(hear(), 3);
 
 	sv_step("RDMA READ and atomics from a process blocked in read(2)");
-	memset(sv_ptr(mr, 0), 0, 4096);
-	CHECK_OK(sv_post_rdma(qp, 41, IBV_WR_RDMA_READ, mr, 0, 4096, IBV_SEND_SIGNALED, peer.addr,
-			      peer.rkey));
-	sv_expect_wc(cq, 41, IBV_WC_SUCCESS, qp, &wc);
+	memset(sv_ptr(a.mr, 0), 0, 4096);
+	CHECK_OK(sv_post_rdma(a.qp, 41, IBV_WR_RDMA_READ, a.mr, 0, 4096, IBV_SEND_SIGNALED,
+			      peer.addr, peer.rkey));
+	sv_expect_wc(a.cq, 41, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_RDMA_READ);
 	CHECK_EQ(wc.byte_len, 4096);
-	CHECK_EQ(sv_ptr(mr, 0)[0], 0x5c);
-	CHECK_EQ(sv_ptr(mr, 4095)[0], 0x5c);
-	sv_wr_init(&wr, &sge, 42, IBV_WR_ATOMIC_FETCH_AND_ADD, mr, 16, 8, IBV_SEND_SIGNALED);
+	CHECK_EQ(sv_ptr(a.mr, 0)[0], 0x5c);
+	CHECK_EQ(sv_ptr(a.mr, 4095)[0], 0x5c);
+	sv_wr_init(&wr, &sge, 42, IBV_WR_ATOMIC_FETCH_AND_ADD, a.mr, 16, 8, IBV_SEND_SIGNALED);
 	wr.wr.atomic.remote_addr = peer.addr + 8192;
 	wr.wr.atomic.rkey = peer.rkey;
 	wr.wr.atomic.compare_add = 600;
-	CHECK_OK(ibv_post_send(qp, &wr, &bad));
-	sv_expect_wc(cq, 42, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OK(ibv_post_send(a.qp, &wr, &bad));
+	sv_expect_wc(a.cq, 42, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_FETCH_ADD);
 	uint64_t old;
-	memcpy(&old, sv_ptr(mr, 16), 8);
+	memcpy(&old, sv_ptr(a.mr, 16), 8);
 	CHECK_EQ(old, 100u);
-	sv_wr_init(&wr, &sge, 43, IBV_WR_ATOMIC_CMP_AND_SWP, mr, 16, 8, IBV_SEND_SIGNALED);
+	sv_wr_init(&wr, &sge, 43, IBV_WR_ATOMIC_CMP_AND_SWP, a.mr, 16, 8, IBV_SEND_SIGNALED);
 	wr.wr.atomic.remote_addr = peer.addr + 8192;
 	wr.wr.atomic.rkey = peer.rkey;
 	wr.wr.atomic.compare_add = 700;
 	wr.wr.atomic.swap = 777;
-	CHECK_OK(ibv_post_send(qp, &wr, &bad));
-	sv_expect_wc(cq, 43, IBV_WC_SUCCESS, qp, &wc);
-	memcpy(&old, sv_ptr(mr, 16), 8);
+	CHECK_OK(ibv_post_send(a.qp, &wr, &bad));
+	sv_expect_wc(a.cq, 43, IBV_WC_SUCCESS, a.qp, &wc);
+	memcpy(&old, sv_ptr(a.mr, 16), 8);
 	CHECK_EQ(old, 700u);
 	say(5);
 	CHECK_EQ(hear(), 5);
@@ -252,24 +236,21 @@ int main(void)
 	sv_step("a SEND wakes the other process from ibv_get_cq_event");
 	CHECK_EQ(hear(), 6);
 	sv_sleep_ms(50); /* let it block */
-	CHECK_OK(sv_post_send(qp, 61, mr, 0, SMALL, IBV_SEND_SIGNALED));
-	sv_expect_wc(cq, 61, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OK(sv_post_send(a.qp, 61, a.mr, 0, SMALL, IBV_SEND_SIGNALED));
+	sv_expect_wc(a.cq, 61, IBV_WC_SUCCESS, a.qp, &wc);
 	CHECK_EQ(hear(), 6);
 
 	sv_step("a bad rkey: IBV_WC_REM_ACCESS_ERR here, the peer's QP to ERR");
-	CHECK_OK(sv_post_rdma(qp, 71, IBV_WR_RDMA_WRITE, mr, 0, 64, IBV_SEND_SIGNALED, peer.addr,
-			      peer.rkey ^ 0x100));
-	sv_expect_wc(cq, 71, IBV_WC_REM_ACCESS_ERR, qp, &wc);
+	CHECK_OK(sv_post_rdma(a.qp, 71, IBV_WR_RDMA_WRITE, a.mr, 0, 64, IBV_SEND_SIGNALED,
+			      peer.addr, peer.rkey ^ 0x100));
+	sv_expect_wc(a.cq, 71, IBV_WC_REM_ACCESS_ERR, a.qp, &wc);
 	say(7);
 	CHECK_EQ(hear(), 7);
 
 	sv_step("teardown");
 	say(8);
 	sv_wait_peer(child, "the responder");
-	CHECK_OK(ibv_destroy_qp(qp));
-	sv_free_mr(mr);
-	CHECK_OK(ibv_destroy_cq(cq));
-	sv_close(&dev);
+	sv_one_qp_close(&a);
 	sv_pass();
 	return 0;
 }

@@ -15,7 +15,7 @@ static int sock;
 static void requester(int s)
 {
 	sock = s;
-	struct sv_requester r;
+	struct sv_one_qp r;
 	sv_requester_open(&r, sock);
 	struct ibv_wc wc;
 	for (int step; (step = sv_hear(sock)) != 0;) {
@@ -55,13 +55,8 @@ int main(void)
 	for (int k = 0; k < 2; k++) {
 		qp[k] = sv_create_qp(&dev, &cfg, scq, rcq, NULL, NULL);
 		mr[k] = sv_alloc_mr(dev.pd, (size_t)(ROUNDS + 1) * MSG, SV_ACCESS_ALL);
-		uint32_t me = qp[k]->qp_num;
-		sv_exchange(peer_sock[k], &me, &peer[k], sizeof(me));
-		CHECK_OK(sv_modify_init(qp[k], &cfg));
-		for (int i = 0; i <= ROUNDS; i++)
-			CHECK_OK(sv_post_recv(qp[k], (uint64_t)i, mr[k], (size_t)i * MSG, MSG));
-		CHECK_OK(sv_modify_rtr(qp[k], &dev, peer[k], &cfg));
-		CHECK_OK(sv_modify_rts(qp[k], &cfg));
+		peer[k] = sv_trade_qpn(peer_sock[k], qp[k]);
+		sv_connect_remote(qp[k], &dev, &cfg, peer[k], mr[k], 0, ROUNDS + 1, MSG);
 	}
 
 	sv_step("two peers send %d SENDs each, at once, into QPs that share one CQ", ROUNDS);
