@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include "verbs/objects.hpp"
+#include "verbs/verbs.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {
@@ -61,6 +62,21 @@ void peer_died(pid_t pid);
 void fail_if_still_connected(Qp* qp, uint64_t connection);
 // How long a requester waits for an answer before it retries (the QP's `timeout`).
 Clock::duration ack_timeout(uint8_t timeout);
+
+// Resolves a receive WQE's scatter list (its non-empty SGEs, into out[0..*n)); returns its
+// capacity or -1 on a protection error. Caller holds the key lock (shared). Inline: the
+// polled path resolves a receive when it is posted.
+inline int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
+  int64_t cap = 0;
+  int k = 0;
+  for (const Sge& s : r.sges) {
+    if (s.length == 0) continue;
+    if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &out[k++])) return -1;
+    cap += s.length;
+  }
+  *n = k;
+  return cap;
+}
 
 // Receive windows, target side (inbound.cpp).
 // The window's arena offset, 0 if not possible; `peer_pid` is the only process that will

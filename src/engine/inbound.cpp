@@ -47,22 +47,17 @@ void kill_window_locked(Qp* t) {
 }  // namespace
 
 uint32_t receive_capacity(Qp* t, RecvWqe& r) {
-  uint64_t cap = 0;
-  int buffers = 0;
-  iovec v{};
+  iovec dst[Limits::max_sge];
+  int n;
+  int64_t cap = resolve_recv(t, r, dst, &n);
   r.place = nullptr;
-  for (const Sge& s : r.sges) {
-    if (s.length == 0) continue;
-    if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &v)) return 0;
-    cap += s.length;
-    ++buffers;
-  }
-  if (buffers == 1) {
-    r.place = v.iov_base;
-    r.place_len = static_cast<uint32_t>(v.iov_len);
+  if (cap < 0) return 0;
+  if (n == 1) {
+    r.place = dst[0].iov_base;
+    r.place_len = static_cast<uint32_t>(dst[0].iov_len);
     r.place_changes = MrTable::instance().changes();
   }
-  return static_cast<uint32_t>(std::min<uint64_t>(cap, UINT32_MAX));
+  return static_cast<uint32_t>(std::min<int64_t>(cap, UINT32_MAX));
 }
 
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
@@ -211,20 +206,15 @@ void drain_window_into(Qp* t, Sink& sink) {
       wc.wc_flags = IBV_WC_WITH_IMM;
     }
     iovec dst[Limits::max_sge];
-    int n = 0;
-    uint64_t cap = 0;
-    bool ok = true;
+    int n = 1;
+    int64_t cap;
     if (r.place && r.place_changes == MrTable::instance().changes()) {
-      dst[n++] = {r.place, r.place_len};  // resolved when posted, and no MR changed since
+      dst[0] = {r.place, r.place_len};  // resolved when posted, and no MR changed since
       cap = r.place_len;
     } else {
-      for (const Sge& s : r.sges) {
-        if (s.length == 0) continue;
-        if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &dst[n])) ok = false;
-        ++n;
-        cap += s.length;
-      }
+      cap = resolve_recv(t, r, dst, &n);
     }
+    bool ok = cap >= 0;
     t->rq.pop_front();
     in.head = head + 1;
     // The requester checked the published capacity; the MR may have gone since.
@@ -265,11 +255,9 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
   std::unique_lock<QueueMutex> rq(t->rq_mu, std::try_to_lock);
   if (!rq.owns_lock()) return 0;
   list.unlock();  // destroying t passes through its rq_mu (close_window) first
-  // The ring's completions come first (t's others are added under rq_mu, which we hold;
-  // other QPs' need no order with ours), an armed CQ must fire its event, and a CQ in
-  // error reports that.
-  if (cq->tail.load(std::memory_order_acquire) != cq->head.load(std::memory_order_relaxed) ||
-      cq->armed.load(std::memory_order_relaxed) != wire::kArmNone ||
+  // An armed CQ must fire its event, and a CQ in error reports that: both take the ring
+  // path. (The ring's own completions come first: ToArray::in_order.)
+  if (cq->armed.load(std::memory_order_relaxed) != wire::kArmNone ||
       cq->in_error.load(std::memory_order_relaxed))
     return 0;
   // More messages waiting than the CQ holds: a NIC would have overrun the CQ by now. The

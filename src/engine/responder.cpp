@@ -90,20 +90,6 @@ TargetAttrs target_attrs(Qp* t) {
           t->attr.max_dest_rd_atomic, t->attr.qkey};
 }
 
-// Resolves a receive WQE's scatter list; returns its capacity or -1 on a protection error.
-int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
-  int64_t cap = 0;
-  *n = 0;
-  for (const Sge& s : r.sges) {
-    if (s.length == 0) continue;
-    if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &out[*n]))
-      return -1;
-    ++*n;
-    cap += s.length;
-  }
-  return cap;
-}
-
 // A responder-side fault: on RC the responder QP reacts as the error table says and the
 // requester gets its NAK status. UC has no NAKs: the message is silently dropped.
 Outcome fault(Qp* t, Fault f) {

@@ -204,6 +204,15 @@ int check_recv_wr(const ibv_recv_wr* wr, uint32_t max_sge) {
 }
 
 // Fills a queue slot in place (it keeps the SGE storage of the WQE it held before).
+// Under the queue's lock: the senders that met it empty (RNR), to kick once it is unlocked.
+// Callers look first whether there are any (the data path's case: none, and then nothing is
+// allocated, freed or called).
+std::vector<uint32_t> take_rnr_waiters(std::set<uint32_t>& waiting) {
+  std::vector<uint32_t> taken(waiting.begin(), waiting.end());
+  waiting.clear();
+  return taken;
+}
+
 RecvWqe& push_recv_wqe(RingQueue<RecvWqe>& q, const ibv_recv_wr* wr) {
   RecvWqe& r = q.push_slot();
   r.wr_id = wr->wr_id;
@@ -464,7 +473,7 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EINVAL;
   }
   int err = 0;
-  std::vector<uint32_t> waiters;  // empty on the data path: no allocation, nothing to free
+  std::vector<uint32_t> waiters;
   {
     // Keys before queues: a remote requester reads each receive's capacity (its buffers
     // resolved against the key table) from the receive window.
@@ -484,10 +493,7 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       if (qp->window.load(std::memory_order_relaxed))
         engine::publish_receive_locked(qp, engine::receive_capacity(qp, r));
     }
-    if (!qp->rnr_waiters.empty()) {
-      waiters.assign(qp->rnr_waiters.begin(), qp->rnr_waiters.end());
-      qp->rnr_waiters.clear();
-    }
+    if (!qp->rnr_waiters.empty()) waiters = take_rnr_waiters(qp->rnr_waiters);
   }
   if (err && bad) *bad = wr;
   if (qp->state.load() == IBV_QPS_ERR) engine::flush(qp);
@@ -568,7 +574,7 @@ int destroy_srq(Srq* srq) {
 
 int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   int err = 0;
-  std::set<uint32_t> waiters;
+  std::vector<uint32_t> waiters;
   {
     std::lock_guard<QueueMutex> lock(srq->mu);
     for (; wr; wr = wr->next) {
@@ -579,7 +585,7 @@ int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       if ((err = check_recv_wr(wr, srq->max_sge))) break;
       push_recv_wqe(srq->rq, wr);
     }
-    waiters.swap(srq->rnr_waiters);
+    if (!srq->rnr_waiters.empty()) waiters = take_rnr_waiters(srq->rnr_waiters);
   }
   if (err && bad) *bad = wr;
   for (uint32_t qpn : waiters) engine::kick_qpn(qpn);
