@@ -89,12 +89,7 @@ int main(void)
 	for (int k = 0; k < 2; k++) {
 		CHECK_OK(ibv_req_notify_cq(rcq, 0));
 		sv_say(peer_sock[k], 2);
-		CHECKF(sv_fd_readable(ch->fd, SV_WAIT_MS), "no event for peer %d's SEND", k + 1);
-		struct ibv_cq *ev_cq;
-		void *ev_ctx;
-		CHECK_OK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx));
-		CHECK(ev_cq == rcq);
-		ibv_ack_cq_events(ev_cq, 1);
+		sv_expect_cq_event(ch, rcq);
 		struct ibv_wc wc;
 		sv_expect_wc(rcq, ROUNDS, IBV_WC_SUCCESS, qp[k], &wc);
 		CHECK_EQ(sv_hear(peer_sock[k]), 2);
