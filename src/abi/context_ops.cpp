@@ -4,7 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
 extern "C" int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr);

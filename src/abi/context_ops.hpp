@@ -1,5 +1,5 @@
 #pragma once
-#include "verbs/objects.hpp"
+#include "core/objects.hpp"
 
 namespace softverbs::abi {
 // Fills every slot of the context's ops tables (ibv_context_ops and verbs_context), as

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "abi/context_ops.hpp"
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
 // verbs.h wraps these in macros that pick an inline path; we define the real symbols.

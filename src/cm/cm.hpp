@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "cm/protocol.hpp"
-#include "verbs/event_queue.hpp"
+#include "core/event_queue.hpp"
 
 namespace softverbs::cm {
 

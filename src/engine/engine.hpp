@@ -1,16 +1,20 @@
-// The IBA roles, run by whoever posts (the initiator acts as the NIC):
-//  - requester (requester.cpp): turns send-queue WQEs into operations on the target QP;
+// The IBA roles, one per file, run by whoever posts (the initiator acts as the NIC):
+//  - requester (requester.cpp): turns send-queue WQEs into operations on the target QP,
+//    along the QP's path (wire/router.hpp); its same-host fast paths are shm_requester.cpp;
 //  - responder (responder.cpp): executes an incoming operation against the target's MRs
-//    and RQ/SRQ and writes the target's receive completions;
-//  - completer (requester.cpp): retires send WQEs, RNR/transport retries, error flushes.
+//    and RQ/SRQ and writes the target's receive completions; what a same-host peer left in
+//    a receive window lands through shm_responder.cpp;
+//  - completer (completer.cpp): retires send WQEs, RNR/transport retries, error flushes.
 // What cannot happen inline (timed retries, deferred flushes) goes to one progress
 // thread (progress.cpp) that sleeps on a condition variable; it never spins.
 #pragma once
 
 #include <sys/uio.h>
 
-#include "verbs/objects.hpp"
-#include "verbs/verbs.hpp"
+#include <optional>
+
+#include "core/objects.hpp"
+#include "core/core.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {
@@ -27,6 +31,22 @@ void run_send_queue(Qp* qp);
 // the queue is empty), in QP state `st` (RTS or SQD): true when it completed (successfully
 // or not), false when it waits for a retry (a timer will kick the queue). Holds qp->sq_mu.
 bool run_wqe(Qp* qp, SendWqe& w, int st);
+// Requester: executes one WQE once along its QP's path; what the target answered.
+Outcome execute(Qp* qp, const SendWqe& w);
+// Completer: what answer `o` means for WQE `w` (QP state `st`): true when it completed,
+// false when it waits for a retry (a timer will kick the queue). Holds qp->sq_mu.
+bool complete(Qp* qp, SendWqe& w, Outcome o, int st);
+// SQ_DRAINED once an SQD QP has nothing in flight. Holds qp->sq_mu.
+void check_drained(Qp* qp);
+
+// Same-host fast paths of the requester (shm_requester.cpp), to the connected peer QP
+// `dst_qpn` in another process of this host; nullopt: not taken, ask the shm transport.
+std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
+                                           int nlocal, uint32_t dst_qpn);
+std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                                   uint32_t dst_qpn);
+std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                                     uint32_t dst_qpn);
 // post_send's shortcut for a SEND, SEND_WITH_IMM or RDMA WRITE of `len` bytes that the
 // caller checked (ibv_post_send(3)'s argument errors), to the connected peer in another
 // process: straight into its receive window or its MR's shared pages, with no WQE built.
@@ -78,7 +98,7 @@ inline int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
   return cap;
 }
 
-// Receive windows, target side (inbound.cpp).
+// Receive windows, target side (shm_responder.cpp).
 // The window's arena offset, 0 if not possible; `peer_pid` is the only process that will
 // write it (its block is reused only once that process is gone).
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid);

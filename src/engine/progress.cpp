@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/engine.hpp"
-#include "verbs/verbs.hpp"
+#include "core/core.hpp"
 #include "wire/registry.hpp"
 #include "wire/transport.hpp"
 
@@ -89,7 +89,7 @@ class Progress {
         uint32_t qpn = flushes_.front();
         flushes_.pop_front();
         lock.unlock();
-        if (wire::QpRef qp = wire::transport().find_local(qpn)) engine::flush(qp.get());
+        if (wire::QpRef qp = wire::find_local(qpn)) engine::flush(qp.get());
         lock.lock();
         continue;
       }
@@ -106,7 +106,7 @@ class Progress {
         auto [qpn, connection] = fatal->second;
         fatals_.erase(fatal);
         lock.unlock();
-        if (wire::QpRef qp = wire::transport().find_local(qpn))
+        if (wire::QpRef qp = wire::find_local(qpn))
           fail_if_still_connected(qp.get(), connection);
         lock.lock();
         continue;
@@ -116,7 +116,7 @@ class Progress {
         uint32_t qpn = next->second;
         timers_.erase(next);
         lock.unlock();
-        if (wire::QpRef qp = wire::transport().find_local(qpn)) kick(qp.get());
+        if (wire::QpRef qp = wire::find_local(qpn)) kick(qp.get());
         lock.lock();
         continue;
       }

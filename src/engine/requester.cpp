@@ -1,298 +1,32 @@
-// Requester and completer: runs the send queue, retries, completes and flushes send WQEs.
-#include <fcntl.h>
+// Requester: runs the send queue, executing each WQE along the QP's path (wire/router.hpp):
+// on a connected QP of another process of this host through the same-host fast paths
+// (shm_requester.cpp) when they can, else as a request to the route's transport. The
+// completer (completer.cpp) turns each answer into a completion, a retry or an error.
 #include <sys/uio.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
-#include "verbs/device.hpp"
-#include "verbs/errors.hpp"
-#include "verbs/verbs.hpp"
-#include "wire/agent.hpp"
-#include "wire/arena.hpp"
-#include "wire/mr_shm.hpp"
+#include "core/device.hpp"
+#include "core/errors.hpp"
+#include "core/core.hpp"
 #include "wire/registry.hpp"
+#include "wire/shm/agent.hpp"
+#include "wire/shm/window.hpp"
 #include "wire/transport.hpp"
-#include "wire/window.hpp"
 
 namespace softverbs::engine {
 
 namespace {
-
-// IBA min_rnr_timer encoding (table 45), in microseconds; code 0 means 655.36 ms.
-constexpr uint32_t kRnrDelayUs[32] = {
-    655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,   320,
-    480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240, 15360,
-    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
-
-
-ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
-  switch (op) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ:
-      return IBV_WC_RDMA_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-      return IBV_WC_COMP_SWAP;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      return IBV_WC_FETCH_ADD;
-    default:
-      return IBV_WC_SEND;
-  }
-}
 
 bool writes_local(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
          op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
-// A wake-up fd from a peer is used only if it is what it should be, an eventfd (see
-// EventQueue), and never blocks us: a full counter makes the write fail and we ask the
-// peer's agent instead.
-bool usable_wake_fd(int fd) {
-  char path[40], target[32];
-  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(path, target, sizeof(target) - 1);
-  if (n <= 0) return false;
-  target[n] = 0;
-  return std::strcmp(target, "anon_inode:[eventfd]") == 0 &&
-         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
-}
-
 }  // namespace
-
-void drop_peer_window(Qp* qp) {
-  Qp::PeerWindow& pw = qp->peer_window;
-  pw.hdr = nullptr;
-  if (pw.wake_fd >= 0) close(pw.wake_fd);
-  pw.wake_fd = -1;
-  wire::unmap_peer_arena(pw.arena);  // the last window into that peer unmaps its memory
-  pw.arena = {};
-}
-
-namespace {
-
-// The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
-// first time (and again after it closed); nullptr when there is none to use.
-Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
-  Qp::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr) {  // the data path's case: one we opened, still open
-    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
-    drop_peer_window(qp);
-  }
-  int slot = wire::slot_of_qpn(dst_qpn);
-  if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
-  if (pw.backoff) {
-    --pw.backoff;
-    return nullptr;
-  }
-  wire::PeerArena arena;
-  int wake_fd = -1;
-  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena, &wake_fd);
-  auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
-  // Everything in the peer's arena is read once into locals, checked, and kept here: the
-  // peer (or anyone scribbling on its memory) may change it at any time afterwards.
-  uint32_t rq_cap = hdr ? hdr->rq_cap : 0;
-  uint64_t bytes = wire::window_bytes(rq_cap);
-  uint64_t slots_at = bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot);
-  // The process cross-memory attach writes into is the one the kernel named as the agent's
-  // (SO_PEERCRED), never the header's word for it: a header that names another is garbage.
-  pid_t pid = arena.pid;
-  bool ok = hdr && hdr->magic == wire::kWindowMagic && hdr->qpn == dst_qpn &&
-            hdr->peer_qpn == qp->qpn() && rq_cap && !(rq_cap & (rq_cap - 1)) &&
-            rq_cap <= (1u << 20) && arena.at<char>(off, bytes) && hdr->owner_pid == pid;
-  auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
-  if (pw.wake_fd >= 0) close(pw.wake_fd);
-  pw.wake_fd = -1;
-  if (!ok || !cq || pid <= 0) {
-    if (wake_fd >= 0) close(wake_fd);
-    wire::unmap_peer_arena(arena);
-    pw.backoff = 64;  // ask again later, not on every operation
-    return nullptr;
-  }
-  if (wake_fd >= 0 && !usable_wake_fd(wake_fd)) {
-    close(wake_fd);
-    wake_fd = -1;
-  }
-  const wire::MrShared* table = nullptr;
-  uint64_t table_at = hdr->mr_table_offset;
-  if (hdr->mr_table_cap == wire::kMrTableCap)
-    table = arena.published_at<wire::MrShared>(table_at,
-                                               sizeof(wire::MrShared) * wire::kMrTableCap);
-  bool cross_memory = pw.cross_memory && !wire::cross_memory_disabled();
-  char* base = reinterpret_cast<char*>(hdr);
-  pw = Qp::PeerWindow{};  // fresh counts
-  pw.hdr = hdr;
-  pw.cq = cq;
-  pw.mr_table = table;
-  pw.slots = reinterpret_cast<wire::WindowSlot*>(base + slots_at);
-  pw.rq_len = reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader));
-  pw.rq_cap = rq_cap;
-  pw.pid = pid;
-  pw.dst_qpn = dst_qpn;
-  pw.cross_memory = cross_memory;
-  pw.wake_fd = wake_fd;
-  pw.arena = arena;
-  return &pw;
-}
-
-// The slot of the peer's receive window for the next message, of `len` bytes, when the ring
-// has room and the receive it will land in is there and big enough; nullptr means "take
-// the agent path", which answers everything else (RNR, errors, a target that went away)
-// exactly. Nothing is spoken for until window_commit.
-wire::WindowSlot* window_slot(Qp::PeerWindow* pw, uint32_t len) {
-  wire::WindowHeader* hdr = pw->hdr;
-  if (pw->resync) {
-    pw->taken = hdr->rq_taken.load(std::memory_order_acquire);
-    pw->resync = false;
-  }
-  uint64_t taken = pw->taken;
-  if (pw->posted == taken) {
-    pw->posted = hdr->rq_posted.load(std::memory_order_acquire);
-    if (pw->posted == taken) return nullptr;  // no receive posted: RNR, via the agent
-  }
-  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return nullptr;
-  uint64_t tail = pw->tail;
-  if (tail - pw->head >= wire::kWindowSlots) {
-    pw->head = hdr->head.load(std::memory_order_acquire);
-    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
-  }
-  return &pw->slots[tail % wire::kWindowSlots];
-}
-
-// Hands the message whose payload is already in `s` (from window_slot) to the target.
-void window_commit(Qp::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uint32_t flags,
-                   uint32_t imm, uint32_t len) {
-  s.opcode = opcode;
-  s.flags = flags;
-  s.imm = imm;
-  s.length = len;
-  s.seq.store(pw->tail + 1, std::memory_order_release);
-  ++pw->tail;
-  pw->hdr->rq_taken.store(++pw->taken, std::memory_order_relaxed);
-  // The target turns ring messages into completions when it polls. If its CQ is armed it
-  // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
-  // completion is added (and the event fires) exactly as for a local arrival.
-  pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  int arm = pw->cq->arm.load(std::memory_order_seq_cst);
-  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED))) {
-    // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
-    // have its agent drain when we have no way to reach the channel.
-    uint64_t one = 1;
-    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one))
-      wire::agent_drain(pw->arena.slot, pw->dst_qpn);
-  }
-}
-
-// A small SEND to a connected QP of another process, through the peer's receive window;
-// nullopt: take the agent path.
-std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
-                                           int nlocal, uint32_t dst_qpn) {
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
-  if (!pw) return std::nullopt;
-  uint32_t len = static_cast<uint32_t>(w.total_length);
-  wire::WindowSlot* s = window_slot(pw, len);
-  if (!s) return std::nullopt;
-  iovec dst{s->data, len};
-  wire::copy_local(&dst, 1, local, nlocal, len);
-  window_commit(pw, *s, w.opcode, w.flags, w.imm, len);
-  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
-}
-
-// What a peer's responder would check before letting `need` at [remote_addr, +len) of the
-// MR named by rkey, read from what it publishes: its QP's access, the MR table entry (key,
-// PD, access, range). The entry's fields, read between two looks at its key, go to *out.
-bool peer_allows(Qp::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
-                 uint64_t len, wire::MrShared* out) {
-  wire::WindowHeader* hdr = pw->hdr;
-  if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
-  if (need != IBV_ACCESS_REMOTE_WRITE && hdr->max_dest_rd_atomic == 0) return false;
-  uint32_t index = rkey >> 8;
-  if (index == 0 || index >= wire::kMrTableCap) return false;
-  const wire::MrShared& e = pw->mr_table[index];
-  if (e.key.load(std::memory_order_acquire) != rkey) return false;
-  out->access = e.access;
-  out->pd_token = e.pd_token;
-  out->iova = e.iova;
-  out->length = e.length;
-  out->addr = e.addr;
-  out->shm = e.shm;
-  out->shm_length = e.shm_length;
-  if (e.key.load(std::memory_order_acquire) != rkey) return false;  // changed meanwhile
-  if (out->pd_token != hdr->pd_token || (out->access & need) != need) return false;
-  uint64_t iova = out->iova, length = out->length;
-  return remote_addr >= iova && len <= length && remote_addr - iova <= length - len;
-}
-
-// The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
-// mapped (decision 0005); nullptr otherwise.
-char* shared_bytes(Qp::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
-  if (!pw->arena.mr || e.shm < wire::kMrShmFirst) return nullptr;
-  uint64_t at = remote_addr - e.iova;  // within the MR (checked by peer_allows)
-  if (at > e.shm_length || len > e.shm_length - at) return nullptr;  // reaches the private tail
-  return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
-}
-
-// RDMA WRITE / READ to a connected QP of another process, straight into / out of its
-// memory after the checks its responder would make: with plain loads and stores when the
-// MR's pages are shared with us, else with cross-memory attach. Any doubt: nullopt, and the
-// agent path answers exactly (errors, a target that went away).
-std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
-                                   uint32_t dst_qpn) {
-  uint64_t len = w.total_length;
-  if (len == 0) return std::nullopt;
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
-  if (!pw) return std::nullopt;
-  bool write = w.opcode == IBV_WR_RDMA_WRITE;
-  wire::MrShared e;
-  if (!peer_allows(pw, w.rkey, w.remote_addr,
-                   write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ, len, &e))
-    return std::nullopt;
-  Outcome done{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
-  if (char* remote = shared_bytes(pw, e, w.remote_addr, len)) {
-    iovec there{remote, len};
-    if (write) wire::copy_local(&there, 1, local, nlocal, len);
-    else wire::copy_local(local, nlocal, &there, 1, len);
-    return done;
-  }
-  if (!pw->cross_memory) return std::nullopt;
-  iovec remote{reinterpret_cast<void*>(e.addr + (w.remote_addr - e.iova)), len};
-  ssize_t n = write ? process_vm_writev(pw->pid, local, nlocal, &remote, 1, 0)
-                    : process_vm_readv(pw->pid, local, nlocal, &remote, 1, 0);
-  if (n == static_cast<ssize_t>(len)) return done;
-  if (n < 0 && errno == EPERM) pw->cross_memory = false;
-  return std::nullopt;
-}
-
-// An atomic on a connected QP of another process whose MR's pages are shared with us: a CPU
-// atomic on the shared line, as the target's own agent would run it. Misaligned addresses
-// and everything else go to the agent path, which answers exactly.
-std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
-                                     uint32_t dst_qpn) {
-  if (w.remote_addr % 8 || nlocal != 1 || local[0].iov_len != 8) return std::nullopt;
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
-  if (!pw) return std::nullopt;
-  wire::MrShared e;
-  if (!peer_allows(pw, w.rkey, w.remote_addr, IBV_ACCESS_REMOTE_ATOMIC, 8, &e)) return std::nullopt;
-  char* remote = shared_bytes(pw, e, w.remote_addr, 8);
-  if (!remote) return std::nullopt;
-  auto* word = reinterpret_cast<uint64_t*>(remote);
-  uint64_t old;
-  if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-    old = w.compare_add;
-    __atomic_compare_exchange_n(word, &old, w.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-  } else {
-    old = __atomic_fetch_add(word, w.compare_add, __ATOMIC_SEQ_CST);
-  }
-  std::memcpy(local[0].iov_base, &old, 8);
-  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
-}
 
 // Executes the head WQE once: resolves the local buffers, then lets the responder act on
 // the target, through its receive window when it has one for us, else directly or via
@@ -318,7 +52,7 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
 
   // A connected peer on this host: through its receive window, or straight into its memory.
-  if (qp->type != IBV_QPT_UD && qp->send_path.dgid_local && Device::instance().port_active()) {
+  if (qp->type != IBV_QPT_UD && qp->send_path.route == wire::Route::Shm && Device::instance().port_active()) {
     uint32_t dst_qpn = qp->send_path.dest_qpn;
     if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
         w.total_length <= wire::kWindowPayload) {
@@ -344,6 +78,7 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   req.local = local;
   req.nlocal = nlocal;
   ibv_gid dgid;
+  wire::Route route = qp->send_path.route;
   if (qp->type == IBV_QPT_UD) {
     if (w.total_length > 4096)
       return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
@@ -353,13 +88,15 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     req.dgid = w.dgid;
     // A remote_qkey with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
     req.qkey = (w.remote_qkey & 0x80000000u) ? qp->send_path.qkey : w.remote_qkey;
+    req.skip_self = qp->block_self_mcast;
+    route = wire::route(dgid, req.dst_qpn);
   } else {
     dgid = qp->send_path.dgid;
     req.dst_qpn = qp->send_path.dest_qpn;
   }
   req.pid = wire::self_pid();
   // A port that is down sends nothing: to the requester that looks like silence.
-  Outcome o = Device::instance().port_active() ? wire::transport().deliver(dgid, req)
+  Outcome o = Device::instance().port_active() ? wire::deliver(route, dgid, req)
                                                 : Outcome{Outcome::NoResponse};
   // Through the agent, the message may have used a receive the window counts.
   qp->peer_window.resync = true;
@@ -368,133 +105,13 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   return o;
 }
 
-void check_drained(Qp* qp) {
-  if (qp->state.load() != IBV_QPS_SQD || !qp->sq_drain_notify) return;
-  if (!qp->sq.empty() && qp->sq.front().started) return;
-  qp->sq_drain_notify = false;
-  raise_qp_event(qp, IBV_EVENT_SQ_DRAINED);
-}
-
-}  // namespace
-
-// Local ACK timeout: 4.096 us * 2^timeout; 0 means "infinite" — we then retry every
-// 100 ms without ever giving up, which is what a peer that never answers looks like.
-Clock::duration ack_timeout(uint8_t timeout) {
-  if (timeout == 0) return std::chrono::milliseconds(100);
-  return std::chrono::nanoseconds(4096ull << std::min<uint8_t>(timeout, 31));
-}
-
-void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len) {
-  bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED);
-  if (status == IBV_WC_SUCCESS && !signaled) return;
-  ibv_wc wc{};
-  wc.wr_id = w.wr_id;
-  wc.status = status;
-  wc.opcode = wc_opcode(w.opcode);
-  wc.byte_len = byte_len;
-  wc.qp_num = qp->qpn();
-  cq_push(qp->send_cq, wc, false);
-}
-
 bool run_wqe(Qp* qp, SendWqe& w, int st) {
   if (!w.started) {
     w.rnr_left = qp->send_path.rnr_retry;
     w.retry_left = qp->send_path.retry_cnt;
   }
   w.started = true;
-  Outcome o = execute(qp, w);
-  if (o.kind == Outcome::RnrNak || o.kind == Outcome::NoResponse) {
-    bool rnr = o.kind == Outcome::RnrNak;
-    int& left = rnr ? w.rnr_left : w.retry_left;
-    uint8_t timeout = qp->send_path.timeout;
-    bool infinite = rnr ? left == 7 : timeout == 0;
-    if (!infinite && left == 0) {
-      o = {Outcome::Error,
-           fault_rule(rnr ? Fault::RnrExhausted : Fault::RetryExhausted).requester_status};
-    } else {
-      if (!infinite) --left;
-      Clock::duration delay = rnr ? std::chrono::microseconds(kRnrDelayUs[o.rnr_timer & 31])
-                                  : ack_timeout(timeout);
-      qp->retry_at = Clock::now() + delay;
-      schedule_kick(qp->qpn(), qp->retry_at);
-      return false;
-    }
-  }
-  if (o.kind == Outcome::Error) {
-    push_send_completion(qp, w, o.status, 0);
-    if (requester_state_after_error(qp->type) == IBV_QPS_ERR) {
-      set_error(qp, -1);
-    } else {
-      int expect = st;
-      qp->state.compare_exchange_strong(expect, IBV_QPS_SQE);
-    }
-    return true;  // what follows it is flushed
-  }
-  push_send_completion(qp, w, IBV_WC_SUCCESS, o.byte_len);
-  return true;
-}
-
-namespace {
-
-// The payload of a checked WR as iovecs: the application's addresses when inline, else its
-// buffers through their keys (caller holds the key lock). -1: a bad key.
-int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
-  bool inl = wr->send_flags & IBV_SEND_INLINE;
-  int n = 0;
-  for (int i = 0; i < wr->num_sge; ++i) {
-    const ibv_sge& g = wr->sg_list[i];
-    if (g.length == 0) continue;
-    if (inl) v[n++] = {reinterpret_cast<void*>(g.addr), g.length};
-    else if (!resolve_sge(qp->pd, g.lkey, g.addr, g.length, 0, &v[n++])) return -1;
-  }
-  return n;
-}
-
-}  // namespace
-
-bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
-  bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
-  if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
-  if (qp->type == IBV_QPT_UD || !qp->send_path.dgid_local || !Device::instance().port_active())
-    return false;
-  if (send ? len > wire::kWindowPayload : len == 0 || len > kMaxMsgSize) return false;
-  Qp::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);
-  if (!pw) return false;
-  // Where the bytes go: the next slot of the peer's receive window, or its MR's pages.
-  wire::WindowSlot* slot = nullptr;
-  char* remote = nullptr;
-  if (send) {
-    if (!(slot = window_slot(pw, static_cast<uint32_t>(len)))) return false;
-  } else {
-    wire::MrShared e;
-    uint64_t at = wr->wr.rdma.remote_addr;
-    if (!peer_allows(pw, wr->wr.rdma.rkey, at, IBV_ACCESS_REMOTE_WRITE, len, &e) ||
-        !(remote = shared_bytes(pw, e, at, len)))
-      return false;
-  }
-  // The target spins on the line we write: from our first store into it to the last, no
-  // atomic read-modify-write may stall us until that line is ours, or the target takes it
-  // back in between and the message costs two more line transfers. So every key is
-  // resolved before the first byte is copied, and the key lock is let go only after.
-  iovec from[Limits::max_sge];
-  std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
-  if (!(wr->send_flags & IBV_SEND_INLINE)) keys.lock();
-  int n = payload_iovecs(qp, wr, from);
-  if (n < 0) return false;  // the general path reports the bad key
-  iovec to{send ? static_cast<void*>(slot->data) : remote, len};
-  wire::copy_local(&to, 1, from, n, len);
-  if (send)
-    window_commit(pw, *slot, wr->opcode, wr->send_flags, wr->imm_data, static_cast<uint32_t>(len));
-  if (keys.owns_lock()) keys.unlock();
-  if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
-    ibv_wc wc{};
-    wc.wr_id = wr->wr_id;
-    wc.opcode = send ? IBV_WC_SEND : IBV_WC_RDMA_WRITE;
-    wc.byte_len = static_cast<uint32_t>(len);
-    wc.qp_num = qp->qpn();
-    cq_push(qp->send_cq, wc, false);
-  }
-  return true;
+  return complete(qp, w, execute(qp, w), st);
 }
 
 void run_send_queue(Qp* qp) {
@@ -520,7 +137,7 @@ void kick(Qp* qp) {
   run_send_queue(qp);
 }
 
-void kick_qpn(uint32_t qpn) { wire::transport().kick(qpn); }
+void kick_qpn(uint32_t qpn) { wire::kick(qpn); }
 
 void start() {
   wire::EngineHooks hooks;
@@ -528,68 +145,20 @@ void start() {
   // Kicks that reach us (a peer posted a receive we were waiting for) run on the progress
   // thread, never on the caller's: the agent must not block on other processes.
   hooks.kick = [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); };
-  hooks.open_window = &open_window;
-  hooks.defer_completions = &defer_completions;
-  hooks.wake_fd = [](Qp* qp) {
+  wire::set_engine(hooks);
+  set_cq_overrun_handler(&cq_overrun);
+  wire::ShmHooks shm;
+  shm.open_window = &open_window;
+  shm.defer_completions = &defer_completions;
+  shm.wake_fd = [](Qp* qp) {
     return qp->recv_cq->channel ? qp->recv_cq->channel->events.write_fd() : -1;
   };
-  hooks.drain = [](Qp* qp) {
+  shm.drain = [](Qp* qp) {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<QueueMutex> lock(qp->rq_mu);
     drain_window_locked(qp);
   };
-  wire::transport().set_engine(hooks);
-}
-
-void flush_send_queue_locked(Qp* qp) {
-  while (!qp->sq.empty()) {
-    push_send_completion(qp, qp->sq.front(), IBV_WC_WR_FLUSH_ERR, 0);
-    qp->sq.pop_front();
-  }
-}
-
-void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status) {
-  ibv_wc wc{};
-  wc.wr_id = wr_id;
-  wc.status = status;
-  wc.opcode = IBV_WC_RECV;
-  wc.qp_num = qp->qpn();
-  cq_push(qp->recv_cq, wc, false);
-}
-
-void flush(Qp* qp) {
-  if (qp->state.load() == IBV_QPS_ERR) close_window(qp, true);
-  {
-    std::lock_guard<QueueMutex> lock(qp->sq_mu);
-    if (qp->state.load() == IBV_QPS_ERR || qp->state.load() == IBV_QPS_SQE)
-      flush_send_queue_locked(qp);
-  }
-  std::lock_guard<QueueMutex> lock(qp->rq_mu);
-  // Checked under the lock: a reset and new receives may have come in meanwhile.
-  if (qp->state.load() != IBV_QPS_ERR) return;
-  while (!qp->rq.empty()) {
-    push_recv_completion(qp, qp->rq.front().wr_id, IBV_WC_WR_FLUSH_ERR);
-    qp->rq.pop_front();
-  }
-  // An SRQ-attached QP in error consumes no more SRQ WQEs: tell the application.
-  if (qp->srq && !qp->last_wqe_raised) {
-    qp->last_wqe_raised = true;
-    raise_qp_event(qp, IBV_EVENT_QP_LAST_WQE_REACHED);
-  }
-}
-
-void set_error(Qp* qp, int event) {
-  if (qp->state.exchange(IBV_QPS_ERR) == IBV_QPS_ERR) return;
-  // The receive window (if any) is closed when the progress thread flushes the QP.
-  if (event >= 0) raise_qp_event(qp, static_cast<ibv_event_type>(event));
-  schedule_flush(qp->qpn());
-}
-
-void cq_overrun(Cq* cq, bool first) {
-  if (first) raise_cq_event(cq, IBV_EVENT_CQ_ERR);
-  std::lock_guard<std::mutex> lock(cq->ctx->objects_mu);
-  for (Qp* qp : cq->ctx->qps)
-    if (qp->send_cq == cq || qp->recv_cq == cq) set_error(qp, IBV_EVENT_QP_FATAL);
+  wire::start_agent(shm);
 }
 
 }  // namespace softverbs::engine

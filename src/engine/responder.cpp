@@ -7,9 +7,9 @@
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
-#include "verbs/device.hpp"
-#include "verbs/errors.hpp"
-#include "verbs/verbs.hpp"
+#include "core/device.hpp"
+#include "core/errors.hpp"
+#include "core/core.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {

@@ -9,16 +9,12 @@
 
 #include "engine/engine.hpp"
 #include "verbs/control.hpp"
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs {
 
 namespace {
-// Never destroyed: background threads (agent, progress, watcher) may still walk the
-// contexts while static destructors run at exit.
-std::mutex& g_contexts_mu = *new std::mutex;
-std::set<Context*>& g_contexts = *new std::set<Context*>;
 
 // Which counter an async event's element acknowledges; null for port/device events.
 // Returns the mutex/cond pair and the counter of the element's object.
@@ -139,20 +135,14 @@ ibv_context* open_context(ibv_device* dev) {
   pthread_mutex_init(&ibv->mutex, nullptr);
   ibv->abi_compat = reinterpret_cast<void*>(UINTPTR_MAX);  // marks a verbs_context
   ctx->vctx.sz = sizeof(verbs_context);
-  {
-    std::lock_guard<std::mutex> lock(g_contexts_mu);
-    g_contexts.insert(ctx);
-  }
+  register_context(ctx);
   control::start_watcher();
   engine::start();
   return ibv;
 }
 
 int close_context(Context* ctx) {
-  {
-    std::lock_guard<std::mutex> lock(g_contexts_mu);
-    g_contexts.erase(ctx);
-  }
+  unregister_context(ctx);
   ::close(ctx->cmd_fd);
   pthread_mutex_destroy(&ctx->ibv()->mutex);
   ctx->magic = kDead;
@@ -163,14 +153,14 @@ int close_context(Context* ctx) {
 Context* context_from_cmd_fd(int fd) {
   struct stat want;
   if (fstat(fd, &want) != 0) return nullptr;
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  for (Context* ctx : g_contexts) {
+  Context* found = nullptr;
+  for_each_context([&](Context* ctx) {
     struct stat have;
-    if (fstat(ctx->cmd_fd, &have) == 0 && have.st_ino == want.st_ino &&
+    if (!found && fstat(ctx->cmd_fd, &have) == 0 && have.st_ino == want.st_ino &&
         have.st_dev == want.st_dev)
-      return ctx;
-  }
-  return nullptr;
+      found = ctx;
+  });
+  return found;
 }
 
 int get_async_event(Context* ctx, ibv_async_event* ev) {
@@ -192,58 +182,10 @@ void ack_async_event(ibv_async_event* ev) {
   pthread_mutex_unlock(t.mutex);
 }
 
-void raise_qp_event(Qp* qp, ibv_event_type type) {
-  ibv_async_event ev{};
-  ev.element.qp = qp->qp();
-  ev.event_type = type;
-  qp->ctx->post_async(ev);
-}
-
-void raise_cq_event(Cq* cq, ibv_event_type type) {
-  ibv_async_event ev{};
-  ev.element.cq = cq->cq();
-  ev.event_type = type;
-  cq->ctx->post_async(ev);
-}
-
-void raise_srq_event(Srq* srq, ibv_event_type type) {
-  ibv_async_event ev{};
-  ev.element.srq = &srq->ibv;
-  ev.event_type = type;
-  srq->ctx->post_async(ev);
-}
-
-void raise_port_event(ibv_event_type type) {
-  ibv_async_event ev{};
-  ev.element.port_num = 1;
-  ev.event_type = type;
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  for (Context* ctx : g_contexts) ctx->post_async(ev);
-}
-
-void for_each_qp(const std::function<void(Qp*)>& fn) {
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  for (Context* ctx : g_contexts) {
-    std::lock_guard<std::mutex> objects(ctx->objects_mu);
-    for (Qp* qp : ctx->qps) fn(qp);
-  }
-}
-
-void for_each_cq(const std::function<void(Cq*)>& fn) {
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  for (Context* ctx : g_contexts) {
-    std::lock_guard<std::mutex> objects(ctx->objects_mu);
-    for (Cq* cq : ctx->cqs) fn(cq);
-  }
-}
-
 void raise_device_fatal() {
   ibv_async_event ev{};
   ev.event_type = IBV_EVENT_DEVICE_FATAL;
-  {
-    std::lock_guard<std::mutex> lock(g_contexts_mu);
-    for (Context* ctx : g_contexts) ctx->post_async(ev);
-  }
+  for_each_context([&](Context* ctx) { ctx->post_async(ev); });
   for_each_qp([](Qp* qp) { engine::set_error(qp, -1); });
 }
 

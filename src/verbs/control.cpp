@@ -11,7 +11,7 @@
 
 #include "common/state_dir.hpp"
 #include "engine/engine.hpp"
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs::control {

@@ -4,9 +4,9 @@
 #include <cstring>
 
 #include "engine/engine.hpp"
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
-#include "wire/arena.hpp"
+#include "wire/shm/arena.hpp"
 
 namespace softverbs {
 
@@ -209,86 +209,6 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   return 0;
 }
 
-bool cq_disarm_for(Cq* cq, bool solicited) {
-  int cur = cq->armed.load(std::memory_order_relaxed);
-  if (cur != wire::kArmNext && !(cur == wire::kArmSolicited && solicited)) return false;
-  cq->armed.store(wire::kArmNone, std::memory_order_relaxed);
-  cq->arm->store(wire::kArmNone, std::memory_order_relaxed);
-  return true;
-}
-
-namespace {
-struct DeferredCqe {
-  Cq* cq;
-  ibv_wc wc;
-  bool solicited;
-};
-// Read on every completion: initial-exec, so that reading it is one load, not a call to
-// __tls_get_addr (a pointer fits in the static TLS glibc keeps for libraries loaded later).
-__attribute__((tls_model("initial-exec"))) thread_local std::vector<DeferredCqe>* t_deferred =
-    nullptr;
-}  // namespace
-
-void defer_completions(bool on) {
-  static thread_local std::vector<DeferredCqe> held;
-  if (on) {
-    held.clear();
-    t_deferred = &held;
-    return;
-  }
-  t_deferred = nullptr;
-  for (const DeferredCqe& d : held) {
-    cq_push(d.cq, d.wc, d.solicited);
-    d.cq->held_back.fetch_sub(1, std::memory_order_release);
-  }
-  held.clear();
-}
-
-bool completions_deferred() { return t_deferred != nullptr; }
-
-bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
-  if (t_deferred) {
-    cq->held_back.fetch_add(1, std::memory_order_relaxed);
-    t_deferred->push_back({cq, wc, solicited});
-    return true;
-  }
-  bool fire = false, failed = false, first_failure = false;
-  {
-    std::lock_guard<SpinLock> lock(cq->produce_mu);
-    uint64_t tail = cq->tail.load(std::memory_order_relaxed);
-    uint64_t head = cq->head.load(std::memory_order_acquire);
-    if (cq->in_error.load(std::memory_order_relaxed)) {
-      failed = true;
-    } else if (tail - head >= cq->capacity) {
-      cq->in_error.store(true);
-      failed = first_failure = true;
-    } else {
-      cq->ring[tail & (cq->ring.size() - 1)] = wc;
-      cq->tail.store(tail + 1, std::memory_order_release);
-      fire = cq_disarm_for(cq, solicited || wc.status != IBV_WC_SUCCESS) &&
-             cq->channel != nullptr && !cq->destroying;
-    }
-  }
-  if (failed) {
-    engine::cq_overrun(cq, first_failure);
-    return false;
-  }
-  if (fire) cq->channel->events.push(cq);
-  return true;
-}
-
-void cq_purge_qp(Cq* cq, uint32_t qpn) {
-  std::lock_guard<SpinLock> p(cq->produce_mu);
-  std::lock_guard<SpinLock> c(cq->consume_mu);
-  uint64_t head = cq->head.load(), tail = cq->tail.load();
-  uint64_t mask = cq->ring.size() - 1;
-  uint64_t kept = head;
-  for (uint64_t i = head; i != tail; ++i) {
-    const ibv_wc& wc = cq->ring[i & mask];
-    if (wc.qp_num != qpn) cq->ring[kept++ & mask] = wc;
-  }
-  cq->tail.store(kept, std::memory_order_release);
-}
 
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   Cq* cq = nullptr;

@@ -2,10 +2,10 @@
 #include <cerrno>
 #include <mutex>
 
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
-#include "wire/arena.hpp"
-#include "wire/mr_shm.hpp"
+#include "wire/shm/arena.hpp"
+#include "wire/shm/mr_shm.hpp"
 
 namespace softverbs {
 
@@ -34,74 +34,6 @@ int check_access(unsigned access) {
 }
 }  // namespace
 
-MrTable& MrTable::create() {
-  static MrTable* table = new MrTable;  // thread-safe once; immortal
-  instance_.store(table, std::memory_order_release);
-  return *table;
-}
-
-uint32_t MrTable::insert(Mr* mr) {
-  std::unique_lock lock(mu_);
-  uint32_t index;
-  if (!free_.empty()) {
-    index = free_.back();
-    free_.pop_back();
-  } else {
-    index = static_cast<uint32_t>(slots_.size());
-    slots_.push_back(nullptr);
-    generation_.push_back(0);
-  }
-  slots_[index] = mr;
-  // The low byte changes on every reuse, so a stale key does not name the new MR.
-  uint8_t gen = ++generation_[index];
-  return (index << 8) | gen;
-}
-
-void MrTable::erase(uint32_t key) {
-  std::unique_lock lock(mu_);
-  uint32_t index = key >> 8;
-  if (index < slots_.size() && slots_[index]) {
-    slots_[index] = nullptr;
-    free_.push_back(index);
-  }
-  note_change();
-  if (shared_ && index < wire::kMrTableCap) shared_[index].key.store(0, std::memory_order_release);
-}
-
-uint64_t MrTable::shared_offset() {
-  std::unique_lock lock(mu_);
-  if (!shared_) {
-    wire::Arena* arena = wire::Arena::self();
-    // In the read-only published region: no peer may change what another peer relies on.
-    uint64_t off = arena ? arena->allocate_published(sizeof(wire::MrShared) * wire::kMrTableCap) : 0;
-    if (!off) return 0;
-    shared_offset_ = off;
-    shared_ = arena->published_at<wire::MrShared>(off);
-    for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i)
-      if (Mr* mr = slots_[i]) write_shared_entry(mr);
-  }
-  return shared_offset_;
-}
-
-void MrTable::publish(const Mr* mr) {
-  std::unique_lock lock(mu_);
-  if (shared_) write_shared_entry(mr);
-}
-
-void MrTable::write_shared_entry(const Mr* mr) {
-  uint32_t index = mr->ibv.lkey >> 8;
-  if (index >= wire::kMrTableCap) return;
-  wire::MrShared& e = shared_[index];
-  e.key.store(0, std::memory_order_release);  // readers re-check the key after reading
-  e.access = mr->access;
-  e.pd_token = reinterpret_cast<uint64_t>(mr->pd);
-  e.iova = mr->iova;
-  e.length = mr->length;
-  e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr);
-  e.shm = mr->shm;
-  e.shm_length = mr->shm_length;
-  e.key.store(mr->ibv.lkey, std::memory_order_release);
-}
 
 ibv_pd* alloc_pd(Context* ctx) {
   auto* pd = new (std::nothrow) Pd{};

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "engine/engine.hpp"
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
-#include "wire/mcast.hpp"
+#include "wire/shm/mcast.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs {
@@ -82,7 +82,7 @@ void refresh_send_path(Qp* qp) {
   const ibv_qp_attr& a = qp->attr;
   p.dest_qpn = a.dest_qp_num;
   p.dgid = a.ah_attr.grh.dgid;
-  p.dgid_local = Device::instance().is_local_gid(p.dgid);
+  p.route = wire::route(p.dgid, p.dest_qpn);
   p.qkey = a.qkey;
   p.timeout = a.timeout;
   p.retry_cnt = a.retry_cnt;
@@ -299,7 +299,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   q->events_completed = 0;
   pthread_mutex_init(&q->mutex, nullptr);
   pthread_cond_init(&q->cond, nullptr);
-  q->qp_num = wire::transport().allocate_qpn();
+  q->qp_num = wire::allocate_qpn();
   q->handle = q->qp_num;
   pd->users++;
   scq->users++;
@@ -309,7 +309,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
     std::lock_guard<std::mutex> lock(ctx->objects_mu);
     ctx->qps.insert(qp);
   }
-  wire::transport().register_qp(qp);
+  wire::register_qp(qp->qpn(), qp, &qp->users);
   return q;
 }
 
@@ -423,7 +423,7 @@ int destroy_qp(Qp* qp) {
     qp->ctx->qps.erase(qp);
   }
   engine::close_window(qp, false);
-  wire::transport().unregister_qp(qp);  // no peer or timer can reach it any more
+  wire::unregister_qp(qp->qpn());  // no peer or timer can reach it any more
   ibv_qp* q = qp->qp();
   drop_async_events_of(qp->ctx, EventElement::Qp, q);
   wait_acked(&q->mutex, &q->cond, &q->events_completed, &qp->events_reported);

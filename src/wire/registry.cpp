@@ -12,7 +12,7 @@
 #include <functional>
 #include <mutex>
 
-#include "verbs/control.hpp"
+#include "common/state_dir.hpp"
 
 namespace softverbs::wire {
 
@@ -34,7 +34,7 @@ bool alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
 
 Entry* map_table() {
   if (g_table) return g_table;
-  std::string dir = control::state_dir();
+  std::string dir = state_dir();
   mkdir(dir.c_str(), 0700);
   std::string path = dir + "/registry";
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -105,7 +105,7 @@ std::string agent_address(int slot) {
   // The state directory is part of the name: registries in different directories (tests
   // use private ones) hand out the same slot numbers.
   return std::string(1, '\0') + "softverbs-" + std::to_string(getuid()) + "-" +
-         std::to_string(std::hash<std::string>{}(control::state_dir())) + "-agent-" +
+         std::to_string(std::hash<std::string>{}(state_dir())) + "-agent-" +
          std::to_string(slot);
 }
 

@@ -1,13 +1,12 @@
-// How a work request reaches its target QP.
-//
-// The requester (engine) hands the transport a Request naming the target by (GID, QPN);
-// the transport finds where that QP lives and has the responder run there:
-//  - in this process: directly (the `loop` part, local_qps below);
-//  - in another process of this host: through that process's agent (agent.cpp), a thread
-//    that sleeps on a socket and runs the responder on its own objects, pulling and
-//    pushing payload straight from/to the requester's buffers with cross-memory attach;
-//  - later, other hosts (`net`).
-// The answer is what a NIC would see: ACK, RNR NAK, NAK with an error, or nothing.
+// How a work request reaches its target QP: a path per connection, chosen by the router
+// from the destination GID and QPN (wire/router.hpp):
+//  - loop: a QP of this process, whose responder runs directly;
+//  - shm: a QP of another process of this host (wire/shm/): its receive window, its shared
+//    MR pages, or its agent, a thread that runs the responder on the target's objects;
+//  - roce: a QP on another host, in RoCE v2 packets (wire/roce/);
+//  - multicast: a UD send to a group, one copy per member.
+// A transport answers what a NIC would see: ACK, RNR NAK, NAK with an error, or nothing.
+// Unit tests can put a fake transport in place of any of them (set_transport).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -15,15 +14,22 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#include "wire/router.hpp"
 
 namespace softverbs {
 struct Qp;
 }
 
 namespace softverbs::wire {
+
+// What any transport carries at most: the device's limits (verbs/device.hpp) are these.
+inline constexpr uint32_t kMaxMsgSize = 1u << 31;
+inline constexpr int kMaxSge = 32;
 
 // One operation as it travels to the responder. `local` is the requester's gather list
 // (SEND/WRITE payload) or scatter list (READ data, atomic result), in process `pid`.
@@ -45,6 +51,7 @@ struct Request {
   const iovec* local = nullptr;
   int nlocal = 0;
   pid_t pid = 0;
+  bool skip_self = false;  // multicast: not to the sender's own QP (BLOCK_SELF_MCAST_LB)
 };
 
 struct Reply {
@@ -58,12 +65,15 @@ struct Reply {
 class QpRef {
  public:
   QpRef() = default;
-  explicit QpRef(Qp* qp) : qp_(qp) {}
-  QpRef(QpRef&& o) noexcept : qp_(std::exchange(o.qp_, nullptr)) {}
+  // Takes over one reference the caller already counted in *users.
+  QpRef(Qp* qp, std::atomic<int>* users) : qp_(qp), users_(users) {}
+  QpRef(QpRef&& o) noexcept
+      : qp_(std::exchange(o.qp_, nullptr)), users_(std::exchange(o.users_, nullptr)) {}
   QpRef& operator=(QpRef&& o) noexcept {
     if (this != &o) {
       reset();
       qp_ = std::exchange(o.qp_, nullptr);
+      users_ = std::exchange(o.users_, nullptr);
     }
     return *this;
   }
@@ -73,48 +83,58 @@ class QpRef {
   Qp* get() const { return qp_; }
   Qp* operator->() const { return qp_; }
   explicit operator bool() const { return qp_ != nullptr; }
-  void reset();
+  void reset() {
+    if (!qp_) return;
+    if (users_->fetch_sub(1, std::memory_order_acq_rel) == 1) users_->notify_all();
+    qp_ = nullptr;
+    users_ = nullptr;
+  }
 
  private:
   Qp* qp_ = nullptr;
+  std::atomic<int>* users_ = nullptr;
 };
 
-// What the engine does for the transport, on QPs of this process.
+// What the engine does for the transports, on QPs of this process.
 struct EngineHooks {
   // The responder: runs `req` on the local QP `target`.
   Reply (*respond)(const Request& req, Qp* target) = nullptr;
   // Retries a local QP's send queue soon (RNR waiters).
   void (*kick)(Qp* qp) = nullptr;
-  // Opens the receive window of `target` for the peer QP `peer_qpn` in process `peer_pid`
-  // (as the kernel names the process that asked): its arena offset, or 0.
-  uint64_t (*open_window)(Qp* target, uint32_t peer_qpn, pid_t peer_pid) = nullptr;
-  // Turns what a peer left in `target`'s receive window into completions now (the peer
-  // saw the receive CQ armed: a blocked ibv_get_cq_event must hear of them).
-  void (*drain)(Qp* target) = nullptr;
-  // The fd that wakes `target`'s receive CQ's completion channel, or -1 (no channel).
-  int (*wake_fd)(Qp* target) = nullptr;
-  // Holds completions back while on (this thread), adds them when turned off.
-  void (*defer_completions)(bool on) = nullptr;
 };
+void set_engine(const EngineHooks& hooks);
+const EngineHooks& engine_hooks();
 
+// The QPs of this process, by number (every transport looks its targets up here).
+// A QP number unique on this host (24 bits, never 0, 1 or 0xffffff); its high bits are
+// this process's registry slot (wire/registry.hpp).
+uint32_t allocate_qpn();
+// `users` counts pinned references (QpRef); unregister waits until none is left.
+void register_qp(uint32_t qpn, Qp* qp, std::atomic<int>* users);
+// After this returns no lookup can find the QP and no pinned reference remains.
+void unregister_qp(uint32_t qpn);
+QpRef find_local(uint32_t qpn);
+
+// One kind of path to a QP.
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual void set_engine(const EngineHooks& hooks) = 0;
-  // A QP number unique on this host (24 bits, never 0, 1 or 0xffffff).
-  virtual uint32_t allocate_qpn() = 0;
-  virtual void register_qp(Qp* qp) = 0;
-  // After this returns no lookup can find the QP and no pinned reference remains.
-  virtual void unregister_qp(Qp* qp) = 0;
-  // A QP of this process by number.
-  virtual QpRef find_local(uint32_t qpn) = 0;
-  // Runs `req` on the QP named by (dgid, req.dst_qpn), wherever it lives on this host.
+  // Runs `req` on the QP named by (dgid, req.dst_qpn).
   virtual Reply deliver(const ibv_gid& dgid, const Request& req) = 0;
-  // Retries the send queue of QP `qpn` (local or in another process) soon.
+  // Retries the send queue of QP `qpn` soon (it waits for a receive we just posted).
   virtual void kick(uint32_t qpn) = 0;
 };
+// The transport of a route (Multicast: none, deliver() fans out). nullptr for a route with
+// no transport in this build (then every request on it goes unanswered, as to a host that
+// does not exist).
+Transport* transport(Route route);
+// Puts `t` in place of the route's own transport (nullptr: back to it). For unit tests.
+void set_transport(Route route, Transport* t);
 
-Transport& transport();
+// Runs `req` on the QP at (dgid, req.dst_qpn) along `route`.
+Reply deliver(Route route, const ibv_gid& dgid, const Request& req);
+// Retries QP `qpn`'s send queue soon, wherever on this host it lives (RNR waiters).
+void kick(uint32_t qpn);
 
 // Payload movement between the requester's buffers (req.local in req.pid) and buffers of
 // this process. Returns false if the requester's memory cannot be reached (it died).

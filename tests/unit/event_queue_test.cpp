@@ -1,5 +1,5 @@
 // EventQueue: the fd-backed FIFO behind completion channels and the async event fd.
-#include "verbs/event_queue.hpp"
+#include "core/event_queue.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

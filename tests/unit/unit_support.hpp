@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs::unit {

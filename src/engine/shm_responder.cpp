@@ -1,15 +1,16 @@
-// Receive windows, target side (see wire/window.hpp): opening one for the connected peer,
-// publishing posted receives, and draining the messages the peer left in it into the
-// posted buffers, with the same receive completions the responder writes.
+// The responder's same-host part: receive windows (wire/shm/window.hpp), target side.
+// Opening one for the connected peer in another process, publishing posted receives, and
+// draining what the peer left in it into the posted buffers, with the same receive
+// completions the responder writes.
 #include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
-#include "verbs/device.hpp"
-#include "verbs/verbs.hpp"
-#include "wire/arena.hpp"
+#include "core/device.hpp"
+#include "core/core.hpp"
+#include "wire/shm/arena.hpp"
 #include "wire/registry.hpp"
 
 namespace softverbs::engine {
@@ -300,7 +301,7 @@ void drain_inbound(Cq* cq) {
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    wire::QpRef ref(busy[i]);
+    wire::QpRef ref(busy[i], &busy[i]->users);
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<QueueMutex> lock(busy[i]->rq_mu);
     drain_window_locked(busy[i]);

@@ -1,4 +1,4 @@
-#include "wire/arena.hpp"
+#include "wire/shm/arena.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 #include <mutex>
 #include <vector>
 
-#include "wire/mr_shm.hpp"
+#include "wire/shm/mr_shm.hpp"
 
 namespace softverbs::wire {
 

@@ -1,5 +1,5 @@
 // Moving registered pages into the MR memfd and back (see mr_shm.hpp).
-#include "wire/mr_shm.hpp"
+#include "wire/shm/mr_shm.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>

@@ -10,19 +10,21 @@
 #include <cstdint>
 #include <vector>
 
+#include "wire/transport.hpp"
+
 namespace softverbs {
 
 inline constexpr char kDeviceName[] = "softverbs0";
 inline constexpr uint8_t kPortCount = 1;
 inline constexpr uint32_t kVendorId = 0x5356;  // 'SV': not Mellanox (0x02c9) or Amazon (0x1d0f)
-inline constexpr uint32_t kMaxMsgSize = 1u << 31;
+inline constexpr uint32_t kMaxMsgSize = wire::kMaxMsgSize;
 inline constexpr uint16_t kDefaultPkey = 0xffff;
 
 // Limits reported by ibv_query_device and enforced on create/post.
 struct Limits {
   static constexpr int max_qp = 1 << 16;
   static constexpr int max_qp_wr = 1 << 14;
-  static constexpr int max_sge = 32;
+  static constexpr int max_sge = wire::kMaxSge;
   static constexpr int max_inline = 1024;
   static constexpr int max_mcast_grp = 1024;          // groups per QP (and per device)
   static constexpr int max_mcast_qp_attach = 1024;    // QPs per group

@@ -1,4 +1,4 @@
-#include "wire/agent.hpp"
+#include "wire/shm/agent.hpp"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -18,8 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "verbs/device.hpp"
-#include "wire/mr_shm.hpp"
+#include "wire/shm/mr_shm.hpp"
 #include "wire/registry.hpp"
 
 namespace softverbs::wire {
@@ -27,7 +26,7 @@ namespace softverbs::wire {
 namespace {
 
 constexpr uint32_t kMagic = 0x53565731;  // "SVW1"
-constexpr int kMaxWireIov = Limits::max_sge + 1;
+constexpr int kMaxWireIov = kMaxSge + 1;
 constexpr int kReplyTimeoutMs = 5000;
 // How long the agent waits for a requester to take its answer or send its payload: one
 // that is there reads and writes at once, and meanwhile every other peer waits too.
@@ -222,7 +221,8 @@ class Staging {
 // ---- server side -------------------------------------------------------------------------
 
 struct Server {
-  EngineHooks hooks;
+  EngineHooks hooks;  // the engine's, with the agent's own below
+  ShmHooks shm;
   int listen_fd = -1;
 };
 
@@ -296,11 +296,11 @@ bool serve_one(const Server& srv, int fd) {
   }
   if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic) return true;  // garbage
   if (m.kind == kKick) {
-    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) srv.hooks.kick(qp.get());
+    if (QpRef qp = find_local(m.dst_qpn & 0xffffff)) srv.hooks.kick(qp.get());
     return true;
   }
   if (m.kind == kDrain) {
-    if (QpRef qp = transport().find_local(m.dst_qpn & 0xffffff)) srv.hooks.drain(qp.get());
+    if (QpRef qp = find_local(m.dst_qpn & 0xffffff)) srv.shm.drain(qp.get());
     return true;
   }
   WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0, 0, 0};
@@ -310,9 +310,9 @@ bool serve_one(const Server& srv, int fd) {
   if (m.kind == kOpenWindow) {
     uint64_t off = 0;
     int wake = -1;
-    if (QpRef qp = known ? transport().find_local(m.dst_qpn & 0xffffff) : QpRef()) {
-      off = srv.hooks.open_window(qp.get(), m.src_qpn & 0xffffff, cred.pid);
-      wake = srv.hooks.wake_fd(qp.get());
+    if (QpRef qp = known ? find_local(m.dst_qpn & 0xffffff) : QpRef()) {
+      off = srv.shm.open_window(qp.get(), m.src_qpn & 0xffffff, cred.pid);
+      wake = srv.shm.wake_fd(qp.get());
     }
     Arena* arena = Arena::self();
     if (off && arena) {
@@ -348,7 +348,7 @@ bool serve_one(const Server& srv, int fd) {
     const Server& srv;
     bool& on;
     ~Release() {
-      if (on) srv.hooks.defer_completions(false);
+      if (on) srv.shm.defer_completions(false);
     }
   } release{srv, deferring};
   if (through_socket && m.kind == kExecute && m.length <= kMaxMsgSize) {
@@ -390,11 +390,11 @@ bool serve_one(const Server& srv, int fd) {
     req.local = local;
     req.nlocal = static_cast<int>(m.niov);
     req.pid = cred.pid;
-    target = transport().find_local(req.dst_qpn);
+    target = find_local(req.dst_qpn);
     if (target) {
       // The answer leaves before the target can see the completions (an ACK is sent by
       // the NIC, not by the application): hold them until then.
-      srv.hooks.defer_completions(true);
+      srv.shm.defer_completions(true);
       deferring = true;
       Reply reply = srv.hooks.respond(req, target.get());
       r.kind = reply.kind;
@@ -566,7 +566,7 @@ WireRequest encode(const Request& req, uint32_t kind) {
 
 }  // namespace
 
-void start_agent(const EngineHooks& hooks) {
+void start_agent(const ShmHooks& shm) {
   std::lock_guard<std::mutex> lock(g_server_mu);
   if (g_server_pid == getpid()) return;
   g_server_pid = getpid();
@@ -580,7 +580,7 @@ void start_agent(const EngineHooks& hooks) {
     close(fd);
     return;
   }
-  std::thread(serve, Server{hooks, fd}).detach();
+  std::thread(serve, Server{engine_hooks(), shm, fd}).detach();
 }
 
 Reply agent_call(int slot, const Request& req) {

@@ -4,13 +4,28 @@
 // requester's buffers and ours with cross-memory attach, so no copy goes through the socket.
 #pragma once
 
-#include "wire/arena.hpp"
+#include "wire/shm/arena.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::wire {
 
-// Starts the agent of this process (once, and again in a forked child).
-void start_agent(const EngineHooks& hooks);
+// What the engine does for the agent besides responding (wire::EngineHooks), on QPs of this
+// process: the receive windows (see window.hpp) and their completions.
+struct ShmHooks {
+  // Opens the receive window of `target` for the peer QP `peer_qpn` in process `peer_pid`
+  // (as the kernel names the process that asked): its arena offset, or 0.
+  uint64_t (*open_window)(Qp* target, uint32_t peer_qpn, pid_t peer_pid) = nullptr;
+  // Turns what a peer left in `target`'s receive window into completions now (the peer
+  // saw the receive CQ armed: a blocked ibv_get_cq_event must hear of them).
+  void (*drain)(Qp* target) = nullptr;
+  // The fd that wakes `target`'s receive CQ's completion channel, or -1 (no channel).
+  int (*wake_fd)(Qp* target) = nullptr;
+  // Holds completions back while on (this thread), adds them when turned off.
+  void (*defer_completions)(bool on) = nullptr;
+};
+
+// Starts the agent of this process (once, and again in a forked child), after set_engine.
+void start_agent(const ShmHooks& hooks);
 // Sends `req` to the agent of `slot` and waits for its answer. A peer that is gone, or
 // does not answer within the deadline, is NoResponse.
 Reply agent_call(int slot, const Request& req);

@@ -17,11 +17,12 @@
 
 #include "common/queue_mutex.hpp"
 #include "common/spin_lock.hpp"
-#include "verbs/event_queue.hpp"
-#include "verbs/ring_queue.hpp"
-#include "verbs/small_vec.hpp"
-#include "wire/arena.hpp"
-#include "wire/window.hpp"
+#include "core/event_queue.hpp"
+#include "core/ring_queue.hpp"
+#include "core/small_vec.hpp"
+#include "wire/shm/arena.hpp"
+#include "wire/router.hpp"
+#include "wire/shm/window.hpp"
 
 namespace softverbs {
 
@@ -247,7 +248,7 @@ struct Qp {
   struct SendPath {
     uint32_t dest_qpn = 0;
     ibv_gid dgid{};
-    bool dgid_local = false;  // dgid is one of our GIDs: a peer on this host
+    wire::Route route = wire::Route::Roce;  // how dgid/dest_qpn is reached (wire/router.hpp)
     uint32_t qkey = 0;
     uint8_t timeout = 0;
     uint8_t retry_cnt = 0;

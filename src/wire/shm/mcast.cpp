@@ -1,5 +1,5 @@
 // Multicast group membership in the state directory (see mcast.hpp).
-#include "wire/mcast.hpp"
+#include "wire/shm/mcast.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,8 +1,6 @@
-#include "verbs/device.hpp"
+#include "core/device.hpp"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -11,16 +9,10 @@
 #include <functional>
 #include <string>
 
+#include "wire/host.hpp"
+
 namespace softverbs {
 namespace {
-
-ibv_gid ipv4_mapped_gid(in_addr addr) {
-  ibv_gid gid{};
-  gid.raw[10] = 0xff;
-  gid.raw[11] = 0xff;
-  std::memcpy(&gid.raw[12], &addr, 4);
-  return gid;
-}
 
 // FNV-1a: a stable hash of the host identity, for the node GUID.
 uint64_t fnv1a(const std::string& s) {
@@ -39,36 +31,6 @@ std::string host_identity() {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
   return name;
-}
-
-// GIDs from the host's addresses, RoCE v2 style: 127.0.0.1 first, so GID index 0
-// always names this host, then the other IPv4 addresses, then IPv6 ones.
-std::vector<GidEntry> collect_gids() {
-  std::vector<GidEntry> v4, v6;
-  in_addr lo{};
-  lo.s_addr = htonl(INADDR_LOOPBACK);
-  v4.push_back({ipv4_mapped_gid(lo), static_cast<int>(if_nametoindex("lo"))});
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* ifa = list; ifa; ifa = ifa->ifa_next) {
-      if (!ifa->ifa_addr || !(ifa->ifa_flags & IFF_UP)) continue;
-      int index = static_cast<int>(if_nametoindex(ifa->ifa_name));
-      if (ifa->ifa_addr->sa_family == AF_INET) {
-        auto* sin = reinterpret_cast<sockaddr_in*>(ifa->ifa_addr);
-        if (sin->sin_addr.s_addr == lo.s_addr) continue;
-        v4.push_back({ipv4_mapped_gid(sin->sin_addr), index});
-      } else if (ifa->ifa_addr->sa_family == AF_INET6) {
-        auto* sin6 = reinterpret_cast<sockaddr_in6*>(ifa->ifa_addr);
-        ibv_gid gid{};
-        std::memcpy(gid.raw, &sin6->sin6_addr, 16);
-        v6.push_back({gid, index});
-      }
-    }
-    freeifaddrs(list);
-  }
-  v4.insert(v4.end(), v6.begin(), v6.end());
-  if (v4.size() > 64) v4.resize(64);
-  return v4;
 }
 
 }  // namespace
@@ -96,7 +58,7 @@ Device::Device() {
   uint64_t guid = fnv1a(host_identity() + kDeviceName);
   guid = (guid & ~(0x03ull << 56)) | (0x02ull << 56);
   node_guid_ = htobe64(guid);
-  gids_ = collect_gids();
+  for (const wire::HostAddress& a : wire::host_addresses()) gids_.push_back({a.gid, a.ifindex});
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   comp_vectors_ = cpus > 0 ? static_cast<int>(cpus) : 1;
 }

@@ -1,0 +1,96 @@
+// A CQ's ring from the producers' side: completions in, the arm state, the one-shot event.
+#include <mutex>
+#include <vector>
+
+#include "core/core.hpp"
+
+namespace softverbs {
+
+namespace {
+void (*g_overrun)(Cq* cq, bool first) = nullptr;
+}  // namespace
+
+void set_cq_overrun_handler(void (*handler)(Cq* cq, bool first)) { g_overrun = handler; }
+
+bool cq_disarm_for(Cq* cq, bool solicited) {
+  int cur = cq->armed.load(std::memory_order_relaxed);
+  if (cur != wire::kArmNext && !(cur == wire::kArmSolicited && solicited)) return false;
+  cq->armed.store(wire::kArmNone, std::memory_order_relaxed);
+  cq->arm->store(wire::kArmNone, std::memory_order_relaxed);
+  return true;
+}
+
+namespace {
+struct DeferredCqe {
+  Cq* cq;
+  ibv_wc wc;
+  bool solicited;
+};
+// Read on every completion: initial-exec, so that reading it is one load, not a call to
+// __tls_get_addr (a pointer fits in the static TLS glibc keeps for libraries loaded later).
+__attribute__((tls_model("initial-exec"))) thread_local std::vector<DeferredCqe>* t_deferred =
+    nullptr;
+}  // namespace
+
+void defer_completions(bool on) {
+  static thread_local std::vector<DeferredCqe> held;
+  if (on) {
+    held.clear();
+    t_deferred = &held;
+    return;
+  }
+  t_deferred = nullptr;
+  for (const DeferredCqe& d : held) {
+    cq_push(d.cq, d.wc, d.solicited);
+    d.cq->held_back.fetch_sub(1, std::memory_order_release);
+  }
+  held.clear();
+}
+
+bool completions_deferred() { return t_deferred != nullptr; }
+
+bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
+  if (t_deferred) {
+    cq->held_back.fetch_add(1, std::memory_order_relaxed);
+    t_deferred->push_back({cq, wc, solicited});
+    return true;
+  }
+  bool fire = false, failed = false, first_failure = false;
+  {
+    std::lock_guard<SpinLock> lock(cq->produce_mu);
+    uint64_t tail = cq->tail.load(std::memory_order_relaxed);
+    uint64_t head = cq->head.load(std::memory_order_acquire);
+    if (cq->in_error.load(std::memory_order_relaxed)) {
+      failed = true;
+    } else if (tail - head >= cq->capacity) {
+      cq->in_error.store(true);
+      failed = first_failure = true;
+    } else {
+      cq->ring[tail & (cq->ring.size() - 1)] = wc;
+      cq->tail.store(tail + 1, std::memory_order_release);
+      fire = cq_disarm_for(cq, solicited || wc.status != IBV_WC_SUCCESS) &&
+             cq->channel != nullptr && !cq->destroying;
+    }
+  }
+  if (failed) {
+    if (g_overrun) g_overrun(cq, first_failure);
+    return false;
+  }
+  if (fire) cq->channel->events.push(cq);
+  return true;
+}
+
+void cq_purge_qp(Cq* cq, uint32_t qpn) {
+  std::lock_guard<SpinLock> p(cq->produce_mu);
+  std::lock_guard<SpinLock> c(cq->consume_mu);
+  uint64_t head = cq->head.load(), tail = cq->tail.load();
+  uint64_t mask = cq->ring.size() - 1;
+  uint64_t kept = head;
+  for (uint64_t i = head; i != tail; ++i) {
+    const ibv_wc& wc = cq->ring[i & mask];
+    if (wc.qp_num != qpn) cq->ring[kept++ & mask] = wc;
+  }
+  cq->tail.store(kept, std::memory_order_release);
+}
+
+}  // namespace softverbs

@@ -1,0 +1,76 @@
+// Async events of the objects, and the list of open contexts they reach.
+#include <mutex>
+#include <set>
+
+#include "core/core.hpp"
+
+namespace softverbs {
+
+namespace {
+// Never destroyed: background threads (agent, progress, watcher) may still walk the
+// contexts while static destructors run at exit.
+std::mutex& g_contexts_mu = *new std::mutex;
+std::set<Context*>& g_contexts = *new std::set<Context*>;
+}  // namespace
+
+void register_context(Context* ctx) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  g_contexts.insert(ctx);
+}
+
+void unregister_context(Context* ctx) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  g_contexts.erase(ctx);
+}
+
+void for_each_context(const std::function<void(Context*)>& fn) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) fn(ctx);
+}
+
+void raise_qp_event(Qp* qp, ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.qp = qp->qp();
+  ev.event_type = type;
+  qp->ctx->post_async(ev);
+}
+
+void raise_cq_event(Cq* cq, ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.cq = cq->cq();
+  ev.event_type = type;
+  cq->ctx->post_async(ev);
+}
+
+void raise_srq_event(Srq* srq, ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.srq = &srq->ibv;
+  ev.event_type = type;
+  srq->ctx->post_async(ev);
+}
+
+void raise_port_event(ibv_event_type type) {
+  ibv_async_event ev{};
+  ev.element.port_num = 1;
+  ev.event_type = type;
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) ctx->post_async(ev);
+}
+
+void for_each_qp(const std::function<void(Qp*)>& fn) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) {
+    std::lock_guard<std::mutex> objects(ctx->objects_mu);
+    for (Qp* qp : ctx->qps) fn(qp);
+  }
+}
+
+void for_each_cq(const std::function<void(Cq*)>& fn) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  for (Context* ctx : g_contexts) {
+    std::lock_guard<std::mutex> objects(ctx->objects_mu);
+    for (Cq* cq : ctx->cqs) fn(cq);
+  }
+}
+
+}  // namespace softverbs
