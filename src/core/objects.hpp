@@ -269,45 +269,9 @@ struct Qp {
   std::atomic<wire::WindowHeader*> window{nullptr};
   // Its slots, for a CQ's look at whether anything is waiting without taking rq_mu.
   std::atomic<const wire::WindowSlot*> window_slots{nullptr};
-  struct InboundWindow {
-    wire::WindowSlot* slots = nullptr;
-    uint32_t* rq_len = nullptr;
-    uint32_t rq_cap = 0;
-    uint32_t peer_qpn = 0;
-    uint64_t posted = 0;  // receives published
-    uint64_t head = 0;    // messages consumed
-    // The window's block in our arena, given back when the window is closed (the writer
-    // may still be alive: Arena::retire), and the process allowed to write it.
-    uint64_t offset = 0;
-    uint64_t bytes = 0;
-    pid_t writer = 0;
-  } inbound;
+  wire::InboundWindow inbound;
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
-  struct PeerWindow {
-    wire::WindowHeader* hdr = nullptr;
-    wire::CqShared* cq = nullptr;
-    const wire::MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
-    // Checked once when the window was opened and never read back from the peer's memory:
-    wire::WindowSlot* slots = nullptr;
-    const uint32_t* rq_len = nullptr;
-    uint32_t rq_cap = 0;
-    pid_t pid = 0;
-    uint32_t dst_qpn = 0;
-    uint32_t backoff = 0;  // operations to skip before asking for a window again
-    bool cross_memory = true;  // false once the kernel refused cross-memory attach
-    int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
-    // Our own counts. The target's are read only when ours say the ring or its receive
-    // queue is full, and rq_taken again after a message went through its agent.
-    uint64_t tail = 0;    // messages written
-    uint64_t taken = 0;   // receives spoken for
-    uint64_t posted = 0;  // receives the target had published when last read
-    uint64_t head = 0;    // messages the target had consumed when last read
-    bool resync = true;   // read rq_taken before the next message
-    // The mapping all of the above points into (one reference), with the peer's MR memfd
-    // (arena.mr, or nullptr) and its size when last looked at.
-    wire::PeerArena arena;
-    uint64_t mr_known = 0;
-  } peer_window;
+  wire::PeerWindow peer_window;
 
   ibv_qp* qp() { return &ibv.qp_base; }
   uint32_t qpn() const { return ibv.qp_base.qp_num; }

@@ -43,7 +43,7 @@ bool usable_wake_fd(int fd) {
 }  // namespace
 
 void drop_peer_window(Qp* qp) {
-  Qp::PeerWindow& pw = qp->peer_window;
+  wire::PeerWindow& pw = qp->peer_window;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
@@ -55,8 +55,8 @@ namespace {
 
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
-Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
-  Qp::PeerWindow& pw = qp->peer_window;
+wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+  wire::PeerWindow& pw = qp->peer_window;
   if (pw.hdr) {  // the data path's case: one we opened, still open
     if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
     drop_peer_window(qp);
@@ -102,7 +102,7 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
                                                sizeof(wire::MrShared) * wire::kMrTableCap);
   bool cross_memory = pw.cross_memory && !wire::cross_memory_disabled();
   char* base = reinterpret_cast<char*>(hdr);
-  pw = Qp::PeerWindow{};  // fresh counts
+  pw = wire::PeerWindow{};  // fresh counts
   pw.hdr = hdr;
   pw.cq = cq;
   pw.mr_table = table;
@@ -121,7 +121,7 @@ Qp::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
 // has room and the receive it will land in is there and big enough; nullptr means "take
 // the agent path", which answers everything else (RNR, errors, a target that went away)
 // exactly. Nothing is spoken for until window_commit.
-wire::WindowSlot* window_slot(Qp::PeerWindow* pw, uint32_t len) {
+wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::WindowHeader* hdr = pw->hdr;
   if (pw->resync) {
     pw->taken = hdr->rq_taken.load(std::memory_order_acquire);
@@ -142,7 +142,7 @@ wire::WindowSlot* window_slot(Qp::PeerWindow* pw, uint32_t len) {
 }
 
 // Hands the message whose payload is already in `s` (from window_slot) to the target.
-void window_commit(Qp::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uint32_t flags,
+void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uint32_t flags,
                    uint32_t imm, uint32_t len) {
   s.opcode = opcode;
   s.flags = flags;
@@ -168,7 +168,7 @@ void window_commit(Qp::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uin
 // What a peer's responder would check before letting `need` at [remote_addr, +len) of the
 // MR named by rkey, read from what it publishes: its QP's access, the MR table entry (key,
 // PD, access, range). The entry's fields, read between two looks at its key, go to *out.
-bool peer_allows(Qp::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
+bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
                  uint64_t len, wire::MrShared* out) {
   wire::WindowHeader* hdr = pw->hdr;
   if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
@@ -192,7 +192,7 @@ bool peer_allows(Qp::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsign
 
 // The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
 // mapped (decision 0005); nullptr otherwise.
-char* shared_bytes(Qp::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
+char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
   if (!pw->arena.mr || e.shm < wire::kMrShmFirst) return nullptr;
   uint64_t at = remote_addr - e.iova;  // within the MR (checked by peer_allows)
   if (at > e.shm_length || len > e.shm_length - at) return nullptr;  // reaches the private tail
@@ -219,7 +219,7 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
 // nullopt: take the agent path.
 std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
                                            int nlocal, uint32_t dst_qpn) {
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  wire::PeerWindow* pw = peer_window(qp, dst_qpn);
   if (!pw) return std::nullopt;
   uint32_t len = static_cast<uint32_t>(w.total_length);
   wire::WindowSlot* s = window_slot(pw, len);
@@ -238,7 +238,7 @@ std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local,
                                    uint32_t dst_qpn) {
   uint64_t len = w.total_length;
   if (len == 0) return std::nullopt;
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  wire::PeerWindow* pw = peer_window(qp, dst_qpn);
   if (!pw) return std::nullopt;
   bool write = w.opcode == IBV_WR_RDMA_WRITE;
   wire::MrShared e;
@@ -267,7 +267,7 @@ std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local,
 std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
                                      uint32_t dst_qpn) {
   if (w.remote_addr % 8 || nlocal != 1 || local[0].iov_len != 8) return std::nullopt;
-  Qp::PeerWindow* pw = peer_window(qp, dst_qpn);
+  wire::PeerWindow* pw = peer_window(qp, dst_qpn);
   if (!pw) return std::nullopt;
   wire::MrShared e;
   if (!peer_allows(pw, w.rkey, w.remote_addr, IBV_ACCESS_REMOTE_ATOMIC, 8, &e)) return std::nullopt;
@@ -292,7 +292,7 @@ bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
       !Device::instance().port_active())
     return false;
   if (send ? len > wire::kWindowPayload : len == 0 || len > kMaxMsgSize) return false;
-  Qp::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);
+  wire::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);
   if (!pw) return false;
   // Where the bytes go: the next slot of the peer's receive window, or its MR's pages.
   wire::WindowSlot* slot = nullptr;

@@ -130,7 +130,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
 void publish_receive_locked(Qp* t, uint32_t capacity) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
-  Qp::InboundWindow& in = t->inbound;
+  wire::InboundWindow& in = t->inbound;
   in.rq_len[in.posted & (in.rq_cap - 1)] = capacity;
   hdr->rq_posted.store(++in.posted, std::memory_order_release);
 }
@@ -172,7 +172,7 @@ template <class Sink>
 void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
-  Qp::InboundWindow& in = t->inbound;
+  wire::InboundWindow& in = t->inbound;
   // Message #head is there once its slot's seq says head + 1: stop at the first that is not.
   for (uint64_t head = in.head; sink.room(); ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
@@ -329,7 +329,7 @@ void close_window(Qp* t, bool deliver) {
   }
   // Nothing of ours points into the block any more; the peer may, until it is gone.
   std::lock_guard<QueueMutex> lock(t->rq_mu);
-  Qp::InboundWindow& in = t->inbound;
+  wire::InboundWindow& in = t->inbound;
   if (in.offset && !t->window.load(std::memory_order_relaxed)) {
     if (wire::Arena* arena = wire::Arena::self()) arena->retire(in.offset, in.bytes, in.writer);
     in.offset = 0;

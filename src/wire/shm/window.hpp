@@ -15,8 +15,12 @@
 // of the counters and reads the target's only when they say the ring or the queue is full.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
+
+#include "wire/shm/arena.hpp"
 
 namespace softverbs::wire {
 
@@ -88,6 +92,50 @@ inline constexpr uint32_t kMrTableCap = 1u << 16;
 struct CqShared {
   std::atomic<int> arm;            // ArmWord; changed only by CAS
   alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
+};
+
+// What a QP keeps of its receive window, target side (under the QP's rq_mu). The peer can
+// write anywhere in the window, so what we index with is kept here, not read back.
+struct InboundWindow {
+  WindowSlot* slots = nullptr;
+  uint32_t* rq_len = nullptr;
+  uint32_t rq_cap = 0;
+  uint32_t peer_qpn = 0;
+  uint64_t posted = 0;  // receives published
+  uint64_t head = 0;    // messages consumed
+  // The window's block in our arena, given back when the window is closed (the writer
+  // may still be alive: Arena::retire), and the process allowed to write it.
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  pid_t writer = 0;
+};
+
+// What a QP keeps of its peer's receive window, requester side, when the peer is another
+// process of this host (under the QP's sq_mu).
+struct PeerWindow {
+  WindowHeader* hdr = nullptr;
+  CqShared* cq = nullptr;
+  const MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
+  // Checked once when the window was opened and never read back from the peer's memory:
+  WindowSlot* slots = nullptr;
+  const uint32_t* rq_len = nullptr;
+  uint32_t rq_cap = 0;
+  pid_t pid = 0;
+  uint32_t dst_qpn = 0;
+  uint32_t backoff = 0;  // operations to skip before asking for a window again
+  bool cross_memory = true;  // false once the kernel refused cross-memory attach
+  int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
+  // Our own counts. The target's are read only when ours say the ring or its receive
+  // queue is full, and rq_taken again after a message went through its agent.
+  uint64_t tail = 0;    // messages written
+  uint64_t taken = 0;   // receives spoken for
+  uint64_t posted = 0;  // receives the target had published when last read
+  uint64_t head = 0;    // messages the target had consumed when last read
+  bool resync = true;   // read rq_taken before the next message
+  // The mapping all of the above points into (one reference), with the peer's MR memfd
+  // (arena.mr, or nullptr) and its size when last looked at.
+  PeerArena arena;
+  uint64_t mr_known = 0;
 };
 
 }  // namespace softverbs::wire
