@@ -51,6 +51,8 @@ enum Op : uint8_t {
   kSendLastInv = 0x16,
   kSendOnlyInv = 0x17,
 };
+// kRc | kSendOnly is an opcode (and without this, C++20 deprecates mixing two enums).
+constexpr uint8_t operator|(Transport t, Op op) { return uint8_t(uint8_t(t) | uint8_t(op)); }
 
 // AETH syndrome: bits 7..5 say what it is, bits 4..0 the credit count, RNR timer or NAK code.
 enum AethKind : uint8_t { kAethAck = 0x00, kAethRnrNak = 0x20, kAethNak = 0x60 };
