@@ -78,7 +78,10 @@ struct IcrcCheck {
 // one when its syndrome lies in the 17-dimensional span of the ID/DF bits' contributions,
 // with probability 2^17 / 2^32 = 2^-15, and no longer catches every short burst: at a given
 // length, about one bit position in 2^15 can flip alone and still be accepted (with another
-// ID), e.g. about one such position per 4 KiB packet. The ICRC is the end-to-end check
+// ID), e.g. about one such position per 4 KiB packet (measured: 2 of 33024 single-bit
+// errors of a 4 KiB WRITE, 1 of 11880 over 15 captured rxe frames). Since the check names
+// the ID it found, a caller can win strength back by expecting IDs near the last ones from
+// that peer (rxe's count up per destination). The ICRC is the end-to-end check
 // behind the Ethernet FCS (and the UDP checksum, when the sender sets one), so it only
 // matters for corruption inside switches and routers; a receiver that knows its peer sends
 // ID 0 keeps the full strength with the exact check.
