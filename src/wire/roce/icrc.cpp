@@ -1,0 +1,273 @@
+// RoCE v2 ICRC: the masked pseudo-header, a slicing-by-8 CRC-32, and the receive-side
+// search for the IPv4 Identification and DF bit that a UDP socket hides (see icrc.hpp).
+#include "wire/roce/icrc.hpp"
+
+#include <bit>
+#include <cstring>
+
+namespace softverbs::wire::roce {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the CRC loads words little-endian");
+
+constexpr uint32_t kPoly = 0xedb88320;  // x^32 + x^26 + ... + 1, bit-reversed
+
+struct CrcTables {
+  uint32_t t[8][256];
+  uint32_t x_pow_2k[32];  // x^(2^k) mod P, reflected (bit 31 is x^0)
+};
+
+uint32_t mul_mod_p(uint32_t a, uint32_t b);
+
+CrcTables build_tables() {
+  CrcTables c{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t r = i;
+    for (int k = 0; k < 8; ++k) r = (r & 1) ? (r >> 1) ^ kPoly : r >> 1;
+    c.t[0][i] = r;
+  }
+  for (int s = 1; s < 8; ++s) {
+    for (uint32_t i = 0; i < 256; ++i) {
+      const uint32_t prev = c.t[s - 1][i];
+      c.t[s][i] = (prev >> 8) ^ c.t[0][prev & 0xff];
+    }
+  }
+  c.x_pow_2k[0] = 1u << 30;  // x^1
+  for (int k = 1; k < 32; ++k) c.x_pow_2k[k] = mul_mod_p(c.x_pow_2k[k - 1], c.x_pow_2k[k - 1]);
+  return c;
+}
+
+const CrcTables& tables() {
+  static const CrcTables c = build_tables();
+  return c;
+}
+
+// a * b mod P in the reflected representation: walk a's terms from x^0 up while b
+// becomes b * x^i.
+uint32_t mul_mod_p(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t term = 1u << 31; term != 0; term >>= 1) {
+    if (a & term) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 * bytes) mod P: what running the register through `bytes` zero bytes multiplies by.
+uint32_t x_pow_bytes(size_t bytes) {
+  const CrcTables& c = tables();
+  uint64_t exponent = uint64_t(bytes) * 8;
+  uint32_t result = 1u << 31;  // x^0
+  for (int k = 0; exponent != 0 && k < 32; ++k, exponent >>= 1) {
+    if (exponent & 1) result = mul_mod_p(result, c.x_pow_2k[k]);
+  }
+  return result;
+}
+
+uint32_t load_le32(const uint8_t* p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// Stream offsets of the fields that icrc_check solves for: the LRH stand-in is 8 bytes,
+// the IPv4 Identification is at IP header offset 4..5, flags (DF = 0x40) at 6.
+constexpr size_t kLrhBytes = 8;
+constexpr size_t kIpv4IdOffset = kLrhBytes + 4;
+constexpr size_t kIpv4FlagsOffset = kLrhBytes + 6;
+constexpr uint8_t kIpv4Df = 0x40;
+constexpr size_t kMaxPseudoBytes = kLrhBytes + 40 + 8;
+
+// The masked LRH, IP and UDP headers for a datagram of `len` bytes (ICRC included) into
+// h[kMaxPseudoBytes]; returns how many bytes.
+size_t pseudo_header(const IcrcContext& c, size_t len, uint8_t* h) {
+  memset(h, 0xff, kLrhBytes);
+  uint8_t* ip = h + kLrhBytes;
+  const size_t udp_len = len + 8;
+  size_t ip_bytes;
+  if (c.ipv6) {
+    ip[0] = 0x6f;                  // version 6, traffic class high nibble masked
+    memset(ip + 1, 0xff, 3);       // traffic class low nibble and flow label masked
+    ip[4] = uint8_t(udp_len >> 8);  // payload length
+    ip[5] = uint8_t(udp_len);
+    ip[6] = 17;                    // next header: UDP
+    ip[7] = 0xff;                  // hop limit masked
+    memcpy(ip + 8, c.src_ip.data(), 16);
+    memcpy(ip + 24, c.dst_ip.data(), 16);
+    ip_bytes = 40;
+  } else {
+    const size_t total = udp_len + 20;
+    ip[0] = 0x45;                  // version 4, 5 words: no options
+    ip[1] = 0xff;                  // TOS masked
+    ip[2] = uint8_t(total >> 8);
+    ip[3] = uint8_t(total);
+    ip[4] = uint8_t(c.ipv4_id >> 8);
+    ip[5] = uint8_t(c.ipv4_id);
+    ip[6] = c.ipv4_df ? kIpv4Df : 0;  // no fragments: RoCE never fragments
+    ip[7] = 0;
+    ip[8] = 0xff;                  // TTL masked
+    ip[9] = 17;                    // protocol: UDP
+    ip[10] = ip[11] = 0xff;        // header checksum masked
+    memcpy(ip + 12, c.src_ip.data() + 12, 4);
+    memcpy(ip + 16, c.dst_ip.data() + 12, 4);
+    ip_bytes = 20;
+  }
+  uint8_t* udp = ip + ip_bytes;
+  udp[0] = uint8_t(c.src_port >> 8);
+  udp[1] = uint8_t(c.src_port);
+  udp[2] = uint8_t(c.dst_port >> 8);
+  udp[3] = uint8_t(c.dst_port);
+  udp[4] = uint8_t(udp_len >> 8);
+  udp[5] = uint8_t(udp_len);
+  udp[6] = udp[7] = 0xff;          // checksum masked
+  return kLrhBytes + ip_bytes + 8;
+}
+
+// The 17 unknowns' contributions to the ICRC of an IPv4 datagram of `len` bytes (ICRC
+// included): bits 0..15 the Identification's (value bits, sent big-endian), bit 16 DF's.
+void id_contributions(size_t len, uint32_t out[17]) {
+  const CrcTables& c = tables();
+  const size_t stream = kLrhBytes + 20 + 8 + len - kIcrcBytes;
+  const uint32_t shift = x_pow_bytes(stream - kIpv4FlagsOffset - 1);
+  for (int bit = 0; bit < 17; ++bit) {
+    uint8_t delta[3] = {0, 0, 0};  // stream bytes 12, 13, 14
+    if (bit < 8) delta[1] = uint8_t(1u << bit);
+    else if (bit < 16) delta[0] = uint8_t(1u << (bit - 8));
+    else delta[2] = kIpv4Df;
+    uint32_t reg = 0;
+    for (uint8_t d : delta) reg = (reg >> 8) ^ c.t[0][(reg ^ d) & 0xff];
+    out[bit] = mul_mod_p(reg, shift);
+  }
+}
+
+// Solves sum(m_i * v_i) = target over GF(2) for the 17 independent v_i (a CRC-32 tells
+// apart any two patterns within 32 bits of each other). Returns false when no m exists.
+bool solve(const uint32_t v[17], uint32_t target, uint32_t* m_out) {
+  uint32_t pivot_vec[32] = {};
+  uint32_t pivot_mix[32] = {};  // which v_i make up pivot_vec[b]
+  for (int i = 0; i < 17; ++i) {
+    uint32_t vec = v[i], mix = 1u << i;
+    for (int b = 31; b >= 0 && vec != 0; --b) {
+      if (!(vec >> b & 1)) continue;
+      if (pivot_vec[b] == 0) {
+        pivot_vec[b] = vec;
+        pivot_mix[b] = mix;
+        vec = 0;
+      } else {
+        vec ^= pivot_vec[b];
+        mix ^= pivot_mix[b];
+      }
+    }
+  }
+  uint32_t mix = 0;
+  for (int b = 31; b >= 0; --b) {
+    if (!(target >> b & 1)) continue;
+    if (pivot_vec[b] == 0) return false;
+    target ^= pivot_vec[b];
+    mix ^= pivot_mix[b];
+  }
+  *m_out = mix;
+  return true;
+}
+
+}  // namespace
+
+uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
+  const CrcTables& c = tables();
+  for (; n >= 8; n -= 8, data += 8) {
+    const uint32_t lo = reg ^ load_le32(data);
+    const uint32_t hi = load_le32(data + 4);
+    reg = c.t[7][lo & 0xff] ^ c.t[6][(lo >> 8) & 0xff] ^ c.t[5][(lo >> 16) & 0xff] ^
+          c.t[4][lo >> 24] ^ c.t[3][hi & 0xff] ^ c.t[2][(hi >> 8) & 0xff] ^
+          c.t[1][(hi >> 16) & 0xff] ^ c.t[0][hi >> 24];
+  }
+  for (; n != 0; --n, ++data) reg = (reg >> 8) ^ c.t[0][(reg ^ *data) & 0xff];
+  return reg;
+}
+
+IcrcContext IcrcContext::from_gids(const uint8_t sgid[16], const uint8_t dgid[16],
+                                   uint16_t src_port, uint16_t dst_port) {
+  static constexpr uint8_t kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  IcrcContext c;
+  memcpy(c.src_ip.data(), sgid, 16);
+  memcpy(c.dst_ip.data(), dgid, 16);
+  c.ipv6 = memcmp(sgid, kV4Mapped, 12) != 0 || memcmp(dgid, kV4Mapped, 12) != 0;
+  c.src_port = src_port;
+  c.dst_port = dst_port;
+  return c;
+}
+
+IcrcContext IcrcContext::from_ipv4(const uint8_t src[4], const uint8_t dst[4],
+                                   uint16_t src_port, uint16_t dst_port) {
+  uint8_t sgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  uint8_t dgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  memcpy(sgid + 12, src, 4);
+  memcpy(dgid + 12, dst, 4);
+  return from_gids(sgid, dgid, src_port, dst_port);
+}
+
+IcrcBuilder::IcrcBuilder(const IcrcContext& ctx, size_t len) {
+  uint8_t pseudo[kMaxPseudoBytes];
+  const size_t n = pseudo_header(ctx, len, pseudo);
+  reg_ = crc32_update(0xffffffff, pseudo, n);
+}
+
+void IcrcBuilder::add(const uint8_t* data, size_t n) {
+  constexpr size_t kMaskedBthByte = 4;  // FECN, BECN and reserved bits: variant
+  if (offset_ <= kMaskedBthByte && offset_ + n > kMaskedBthByte) {
+    const size_t before = kMaskedBthByte - offset_;
+    static constexpr uint8_t kOnes = 0xff;
+    reg_ = crc32_update(reg_, data, before);
+    reg_ = crc32_update(reg_, &kOnes, 1);
+    data += before + 1;
+    n -= before + 1;
+    offset_ += before + 1;
+  }
+  reg_ = crc32_update(reg_, data, n);
+  offset_ += n;
+}
+
+uint32_t icrc(const IcrcContext& ctx, const uint8_t* dgram, size_t len_without_icrc) {
+  IcrcBuilder b(ctx, len_without_icrc + kIcrcBytes);
+  b.add(dgram, len_without_icrc);
+  return b.value();
+}
+
+uint32_t icrc_stored(const uint8_t* dgram, size_t len) {
+  return load_le32(dgram + len - kIcrcBytes);
+}
+
+void icrc_fill(const IcrcContext& ctx, uint8_t* dgram, size_t len) {
+  if (len < kIcrcBytes) return;
+  const uint32_t v = icrc(ctx, dgram, len - kIcrcBytes);
+  memcpy(dgram + len - kIcrcBytes, &v, 4);  // little-endian host: least significant first
+}
+
+bool icrc_check_exact(const IcrcContext& ctx, const uint8_t* dgram, size_t len) {
+  if (len < kIcrcBytes || len > kMaxDatagramBytes) return false;
+  return icrc(ctx, dgram, len - kIcrcBytes) == icrc_stored(dgram, len);
+}
+
+IcrcCheck icrc_check(const IcrcContext& ctx, const uint8_t* dgram, size_t len) {
+  IcrcCheck check;
+  if (len < kIcrcBytes || len > kMaxDatagramBytes) return check;
+  const uint32_t computed = icrc(ctx, dgram, len - kIcrcBytes);
+  const uint32_t stored = icrc_stored(dgram, len);
+  if (computed == stored) {
+    check.result = IcrcCheck::kExact;
+    check.ipv4_id = ctx.ipv4_id;
+    check.ipv4_df = ctx.ipv4_df;
+    return check;
+  }
+  if (ctx.ipv6 || len > kMaxDatagramBytes - 20) return check;
+  uint32_t contributions[17];
+  id_contributions(len, contributions);
+  uint32_t flips;
+  if (!solve(contributions, computed ^ stored, &flips)) return check;
+  check.result = IcrcCheck::kSomeIpv4Id;
+  check.ipv4_id = uint16_t(ctx.ipv4_id ^ (flips & 0xffff));
+  check.ipv4_df = ctx.ipv4_df != bool(flips >> 16);
+  return check;
+}
+
+}  // namespace softverbs::wire::roce
