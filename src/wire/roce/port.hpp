@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -179,6 +180,7 @@ class Port {
   uint64_t rounds_started_ = 0;
   uint64_t rounds_done_ = 0;
   uint64_t reroute_ticket_ = 0;  // the round wait_rerouted waits for
+  std::condition_variable rounds_cv_;
 
   std::vector<uint8_t> rx_buffers_;
   std::vector<Clock::time_point> forward_congested_until_;  // by slot
