@@ -1,0 +1,564 @@
+// The RoCE v2 port (see port.hpp and docs/decisions/0006-roce-port-4791.md): opening and
+// closing, sending, timers, and the thread that receives. Steering (probe rounds) and
+// forwarding are in port_steering.cpp.
+#include "wire/roce/port.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "common/state_dir.hpp"
+#include "wire/registry.hpp"
+#include "wire/roce/port_internal.hpp"
+#include "wire/roce/steering.hpp"
+
+namespace softverbs::wire::roce {
+
+using namespace detail;
+
+namespace detail {
+
+socklen_t to_sockaddr(const IpAddress& ip, uint16_t port, bool ipv6, sockaddr_storage& out) {
+  std::memset(&out, 0, sizeof out);
+  if (ipv6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&out);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(port);
+    std::memcpy(&a->sin6_addr, ip.bytes.data(), 16);
+    return sizeof *a;
+  }
+  if (!ip.is_v4()) return 0;
+  auto* a = reinterpret_cast<sockaddr_in*>(&out);
+  a->sin_family = AF_INET;
+  a->sin_port = htons(port);
+  a->sin_addr.s_addr = ip.v4_network_order();
+  return sizeof *a;
+}
+
+bool from_sockaddr(const sockaddr_storage& in, socklen_t len, IpAddress& ip, uint16_t& port) {
+  if (in.ss_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&in);
+    std::memcpy(ip.bytes.data(), &a->sin6_addr, 16);
+    port = ntohs(a->sin6_port);
+    return true;
+  }
+  if (in.ss_family == AF_INET && len >= sizeof(sockaddr_in)) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&in);
+    ip = IpAddress::v4(a->sin_addr.s_addr);
+    port = ntohs(a->sin_port);
+    return true;
+  }
+  return false;
+}
+
+sockaddr_un unix_sockaddr(const std::string& abstract_name, socklen_t& len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const size_t n = std::min(abstract_name.size(), sizeof a.sun_path);
+  std::memcpy(a.sun_path, abstract_name.data(), n);
+  len = socklen_t(offsetof(sockaddr_un, sun_path) + n);
+  return a;
+}
+
+}  // namespace detail
+
+namespace {
+
+int setopt(int fd, int level, int name, int value) {
+  return setsockopt(fd, level, name, &value, sizeof value);
+}
+
+// The local address, interface and TOS from a received datagram's control messages.
+void read_control(msghdr& msg, Datagram& d) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+      in_pktinfo info;
+      std::memcpy(&info, CMSG_DATA(c), sizeof info);
+      d.dst = IpAddress::v4(info.ipi_addr.s_addr);
+      d.ifindex = info.ipi_ifindex;
+    } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
+      d.tos = *CMSG_DATA(c);
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+      in6_pktinfo info;
+      std::memcpy(&info, CMSG_DATA(c), sizeof info);
+      std::memcpy(d.dst.bytes.data(), &info.ipi6_addr, 16);
+      d.ifindex = int(info.ipi6_ifindex);
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
+      int tclass;
+      std::memcpy(&tclass, CMSG_DATA(c), sizeof tclass);
+      d.tos = uint8_t(tclass);
+    }
+  }
+}
+
+// Ports alive in this process, so a forked child can drop its copies of their sockets
+// (the parent's group socket in a child would keep the parent's place in the group).
+std::mutex g_ports_mu;
+std::set<Port*>* g_ports = nullptr;
+
+}  // namespace
+
+// ---- IpAddress ---------------------------------------------------------------------------
+
+IpAddress IpAddress::from_gid(const uint8_t (&gid)[16]) {
+  IpAddress a;
+  std::memcpy(a.bytes.data(), gid, 16);
+  return a;
+}
+
+IpAddress IpAddress::v4(uint32_t network_order) {
+  IpAddress a;
+  a.bytes[10] = a.bytes[11] = 0xff;
+  std::memcpy(&a.bytes[12], &network_order, 4);
+  return a;
+}
+
+bool IpAddress::is_v4() const {
+  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(bytes.data(), kMapped, 12) == 0;
+}
+
+uint32_t IpAddress::v4_network_order() const {
+  uint32_t v;
+  std::memcpy(&v, &bytes[12], 4);
+  return v;
+}
+
+bool IpAddress::is_loopback() const {
+  if (is_v4()) return bytes[12] == 127;
+  static constexpr uint8_t kLoop6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return std::memcmp(bytes.data(), kLoop6, 16) == 0;
+}
+
+std::string IpAddress::to_string() const {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (is_v4()) inet_ntop(AF_INET, &bytes[12], text, sizeof text);
+  else inet_ntop(AF_INET6, bytes.data(), text, sizeof text);
+  return text;
+}
+
+// ---- fork --------------------------------------------------------------------------------
+
+struct PortForkGuard {
+  static void prepare() { g_ports_mu.lock(); }
+  static void parent() { g_ports_mu.unlock(); }
+  // The child has no port thread; its copies of the sockets go, so that only the parent's
+  // sockets stay in the group. Locks another thread held at fork are made anew.
+  static void child() {
+    if (g_ports) {
+      for (Port* p : *g_ports) {
+        new (&p->open_mu_) std::mutex;
+        new (&p->timer_mu_) std::mutex;
+        new (&p->stats_mu_) std::mutex;
+        new (&p->rounds_cv_) std::condition_variable;
+        p->close_fds();
+        p->users_ = 0;
+        p->thread_running_ = false;
+        p->round_wanted_ = false;
+        delete p->round_;
+        p->round_ = nullptr;
+        p->timer_queue_.clear();
+        p->timer_when_.clear();
+      }
+    }
+    g_ports_mu.unlock();
+  }
+};
+
+// ---- lifetime ----------------------------------------------------------------------------
+
+Port::Port(PortConfig config, DatagramHandler on_datagram, TimerHandler on_timer)
+    : config_(std::move(config)),
+      on_datagram_(std::move(on_datagram)),
+      on_timer_(std::move(on_timer)),
+      rx_buffers_(kBatch * kMaxDatagram) {
+  if (config_.state_dir.empty()) config_.state_dir = softverbs::state_dir();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(PortForkGuard::prepare, PortForkGuard::parent, PortForkGuard::child);
+  });
+  std::lock_guard<std::mutex> lock(g_ports_mu);
+  if (!g_ports) g_ports = new std::set<Port*>;
+  g_ports->insert(this);
+}
+
+Port::~Port() {
+  {
+    std::lock_guard<std::mutex> lock(open_mu_);
+    if (users_ > 0) users_ = 1;
+  }
+  release();
+  std::lock_guard<std::mutex> lock(g_ports_mu);
+  g_ports->erase(this);
+}
+
+void Port::close_fds() {
+  for (int* fd : {&fd_group_, &fd_forward_, &fd_lock_, &fd_epoll_, &fd_timer_, &fd_wake_})
+    if (*fd >= 0) ::close(std::exchange(*fd, -1));
+  for (int& fd : fd_senders_)
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+}
+
+int Port::acquire() {
+  std::lock_guard<std::mutex> lock(open_mu_);
+  if (users_ > 0) {
+    ++users_;
+    return 0;
+  }
+  slot_ = config_.slot > 0 ? config_.slot : my_slot();
+  if (slot_ <= 0 || reserved_slot(slot_)) return -ENOSPC;  // no registry slot: no QPNs
+  auto fail = [this](int err) {
+    close_fds();
+    return -err;
+  };
+
+  mkdir(config_.state_dir.c_str(), 0700);
+  const std::string lock_path =
+      config_.state_dir + "/roce-port-" + std::to_string(config_.udp_port) + ".lock";
+  fd_lock_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd_lock_ < 0) return fail(errno);
+
+  // Dual-stack IPv6 sockets take IPv4 too (as ::ffff:a.b.c.d); AF_INET where IPv6 is off.
+  fd_group_ = socket(AF_INET6, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ipv6_ = fd_group_ >= 0;
+  if (!ipv6_) fd_group_ = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_group_ < 0) return fail(errno);
+  if (setopt(fd_group_, SOL_SOCKET, SO_REUSEPORT, 1) != 0) return fail(errno);
+  setopt(fd_group_, SOL_SOCKET, SO_RCVBUF, 4 << 20);  // capped by rmem_max; best effort
+  setopt(fd_group_, IPPROTO_IP, IP_PKTINFO, 1);
+  setopt(fd_group_, IPPROTO_IP, IP_RECVTOS, 1);
+  if (ipv6_) {
+    if (setopt(fd_group_, IPPROTO_IPV6, IPV6_V6ONLY, 0) != 0) return fail(errno);
+    setopt(fd_group_, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
+    setopt(fd_group_, IPPROTO_IPV6, IPV6_RECVTCLASS, 1);
+  }
+  sockaddr_storage any;
+  const socklen_t any_len =
+      to_sockaddr(ipv6_ ? IpAddress{} : IpAddress::v4(0), config_.udp_port, ipv6_, any);
+  if (bind(fd_group_, reinterpret_cast<sockaddr*>(&any), any_len) != 0) return fail(errno);
+
+  // Senders: unconnected (so IPv4 packets get ID 0) with DF, on kernel-chosen ports.
+  for (int i = 0; i < kSenders; ++i) {
+    int fd = socket(ipv6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return fail(errno);
+    fd_senders_[i] = fd;
+    if (ipv6_ && setopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, 0) != 0) return fail(errno);
+    if (setopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) != 0) return fail(errno);
+    if (ipv6_ && setopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO) != 0)
+      return fail(errno);
+    sockaddr_storage local;
+    socklen_t len = to_sockaddr(ipv6_ ? IpAddress{} : IpAddress::v4(0), 0, ipv6_, local);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&local), len) != 0) return fail(errno);
+    len = sizeof local;
+    IpAddress ignored;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0 ||
+        !from_sockaddr(local, len, ignored, sender_ports_[i]))
+      return fail(errno ? errno : EINVAL);
+  }
+  if (fcntl(fd_senders_[0], F_SETFL, O_NONBLOCK) != 0) return fail(errno);  // probe answers
+
+  fd_forward_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);  // receives with MSG_DONTWAIT
+  if (fd_forward_ < 0) return fail(errno);
+  if (setopt(fd_forward_, SOL_SOCKET, SO_PASSCRED, 1) != 0 ||
+      setsockopt(fd_forward_, SOL_SOCKET, SO_SNDTIMEO, &kForwardWait, sizeof kForwardWait) != 0)
+    return fail(errno);
+  forward_congested_until_.assign(kSlots, Clock::time_point{});
+  socklen_t un_len;
+  sockaddr_un un =
+      unix_sockaddr(forward_address(config_.state_dir, config_.udp_port, slot_), un_len);
+  if (bind(fd_forward_, reinterpret_cast<sockaddr*>(&un), un_len) != 0) return fail(errno);
+
+  fd_epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  fd_timer_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  fd_wake_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd_epoll_ < 0 || fd_timer_ < 0 || fd_wake_ < 0) return fail(errno);
+  const std::pair<int, uint32_t> watched[] = {{fd_group_, kTagGroup},
+                                              {fd_forward_, kTagForward},
+                                              {fd_senders_[0], kTagAnswers},
+                                              {fd_timer_, kTagTimer},
+                                              {fd_wake_, kTagWake}};
+  for (auto [fd, tag] : watched) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = tag;
+    if (epoll_ctl(fd_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
+  }
+
+  stop_ = false;
+  // Joining: learn the indices and attach a program that has us.
+  request_reroute();
+  int err = pthread_create(
+      &thread_, nullptr,
+      [](void* self) -> void* {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's signals go elsewhere
+        static_cast<Port*>(self)->loop();
+        return nullptr;
+      },
+      this);
+  if (err != 0) return fail(err);
+  thread_running_ = true;
+  users_ = 1;
+  {
+    std::lock_guard<std::mutex> tlock(timer_mu_);
+    arm_timerfd();
+  }
+  uint64_t one = 1;
+  (void)!write(fd_wake_, &one, sizeof one);
+  return 0;
+}
+
+void Port::release() {
+  std::lock_guard<std::mutex> lock(open_mu_);
+  if (users_ == 0 || --users_ > 0) return;
+  stop_ = true;
+  uint64_t one = 1;
+  (void)!write(fd_wake_, &one, sizeof one);
+  if (thread_running_) pthread_join(thread_, nullptr);
+  thread_running_ = false;
+  delete round_;
+  round_ = nullptr;
+  // Leaving moves the group's last socket into our place: ask whoever is at index 0 now
+  // to re-learn the indices (our lock, if a round of ours held it, goes with its fd).
+  ::close(std::exchange(fd_group_, -1));
+  nudge_group();
+  close_fds();
+}
+
+// ---- sending -----------------------------------------------------------------------------
+
+int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size) {
+  sockaddr_storage to;
+  const socklen_t len = to_sockaddr(dst, config_.udp_port, ipv6_, to);
+  if (len == 0) return -EAFNOSUPPORT;
+  if (sendto(fd, data, size, 0, reinterpret_cast<sockaddr*>(&to), len) < 0) return -errno;
+  return 0;
+}
+
+int Port::send(const IpAddress& dst, const void* data, size_t size, uint32_t flow) {
+  const int fd = fd_senders_[flow % kSenders];
+  if (fd < 0) return -ENOTCONN;
+  return send_from(fd, dst, data, size);
+}
+
+int Port::send_batch(const OutDatagram* datagrams, size_t count) {
+  constexpr size_t kChunk = 64;
+  sockaddr_storage to[kChunk];
+  iovec iov[kChunk];
+  mmsghdr msgs[kChunk];
+  size_t done = 0;
+  while (done < count) {
+    // One sendmmsg per run of datagrams that leave from the same socket, in order.
+    const uint32_t sender = datagrams[done].flow % kSenders;
+    const int fd = fd_senders_[sender];
+    if (fd < 0) return done ? int(done) : -ENOTCONN;
+    size_t n = 0;
+    while (n < kChunk && done + n < count && datagrams[done + n].flow % kSenders == sender) {
+      const OutDatagram& d = datagrams[done + n];
+      const socklen_t len = to_sockaddr(d.dst, config_.udp_port, ipv6_, to[n]);
+      if (len == 0) break;
+      iov[n] = {const_cast<void*>(d.data), d.size};
+      msgs[n] = {};
+      msgs[n].msg_hdr.msg_name = &to[n];
+      msgs[n].msg_hdr.msg_namelen = len;
+      msgs[n].msg_hdr.msg_iov = &iov[n];
+      msgs[n].msg_hdr.msg_iovlen = 1;
+      ++n;
+    }
+    if (n == 0) return done ? int(done) : -EAFNOSUPPORT;
+    const int sent = sendmmsg(fd, msgs, unsigned(n), 0);
+    if (sent < 0) return done ? int(done) : -errno;
+    done += size_t(sent);
+    if (size_t(sent) < n) break;
+  }
+  return int(done);
+}
+
+uint16_t Port::source_port(uint32_t flow) const { return sender_ports_[flow % kSenders]; }
+
+// ---- timers ------------------------------------------------------------------------------
+
+// Caller holds timer_mu_.
+void Port::arm_timerfd() {
+  if (fd_timer_ < 0) return;
+  itimerspec spec{};
+  if (!timer_queue_.empty()) {
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  timer_queue_.begin()->first.time_since_epoch())
+                  .count();
+    if (ns <= 0) ns = 1;  // a zero value would disarm
+    spec.it_value.tv_sec = ns / 1000000000;
+    spec.it_value.tv_nsec = ns % 1000000000;
+  }
+  timerfd_settime(fd_timer_, TFD_TIMER_ABSTIME, &spec, nullptr);
+}
+
+void Port::schedule(uint64_t timer_id, Clock::time_point when) {
+  std::lock_guard<std::mutex> lock(timer_mu_);
+  auto it = timer_when_.find(timer_id);
+  if (it != timer_when_.end()) {
+    timer_queue_.erase({it->second, timer_id});
+    it->second = when;
+  } else {
+    timer_when_.emplace(timer_id, when);
+  }
+  timer_queue_.insert({when, timer_id});
+  if (timer_queue_.begin()->second == timer_id) arm_timerfd();
+}
+
+bool Port::cancel(uint64_t timer_id) {
+  std::lock_guard<std::mutex> lock(timer_mu_);
+  auto it = timer_when_.find(timer_id);
+  if (it == timer_when_.end()) return false;
+  timer_queue_.erase({it->second, timer_id});
+  timer_when_.erase(it);
+  return true;
+}
+
+void Port::handle_timers() {
+  uint64_t expirations;
+  (void)!read(fd_timer_, &expirations, sizeof expirations);
+  std::vector<uint64_t> due;
+  {
+    std::lock_guard<std::mutex> lock(timer_mu_);
+    const auto now = Clock::now();
+    while (!timer_queue_.empty() && timer_queue_.begin()->first <= now) {
+      due.push_back(timer_queue_.begin()->second);
+      timer_when_.erase(due.back());
+      timer_queue_.erase(timer_queue_.begin());
+    }
+    arm_timerfd();
+  }
+  for (uint64_t id : due) {
+    if (id == kRoundRetry) start_round();
+    else if (id == kRoundDeadline) finish_round_if_done(true);
+    else if (on_timer_) on_timer_(id);
+  }
+}
+
+// ---- the thread --------------------------------------------------------------------------
+
+void Port::loop() {
+  epoll_event events[8];
+  while (!stop_.load()) {
+    const int n = epoll_wait(fd_epoll_, events, 8, -1);
+    for (int i = 0; i < n && !stop_.load(); ++i) {
+      switch (events[i].data.u32) {
+        case kTagGroup: handle_group(); break;
+        case kTagForward: handle_forwarded(); break;
+        case kTagAnswers: handle_answers(); break;
+        case kTagTimer: handle_timers(); break;
+        case kTagWake: handle_commands(); break;
+      }
+    }
+  }
+}
+
+void Port::handle_commands() {
+  uint64_t count;
+  (void)!read(fd_wake_, &count, sizeof count);
+  if (round_wanted_.exchange(false)) start_round();
+}
+
+void Port::request_reroute() {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    reroute_ticket_ = rounds_started_ + 1;  // the next round to start (rounds run one by one)
+  }
+  round_wanted_ = true;
+  uint64_t one = 1;
+  if (fd_wake_ >= 0) (void)!write(fd_wake_, &one, sizeof one);
+}
+
+void Port::handle_group() {
+  sockaddr_storage from[kBatch];
+  iovec iov[kBatch];
+  alignas(cmsghdr) uint8_t control[kBatch][kControlBytes];
+  mmsghdr msgs[kBatch];
+  for (;;) {
+    for (int i = 0; i < kBatch; ++i) {
+      iov[i] = {&rx_buffers_[size_t(i) * kMaxDatagram], kMaxDatagram};
+      msgs[i] = {};
+      msgs[i].msg_hdr.msg_name = &from[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      msgs[i].msg_hdr.msg_control = control[i];
+      msgs[i].msg_hdr.msg_controllen = kControlBytes;
+    }
+    const int n = recvmmsg(fd_group_, msgs, kBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) return;
+    for (int i = 0; i < n; ++i) {
+      Datagram d;
+      d.data = static_cast<const uint8_t*>(iov[i].iov_base);
+      d.size = msgs[i].msg_len;
+      if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) ||
+          !from_sockaddr(from[i], msgs[i].msg_hdr.msg_namelen, d.src, d.src_port)) {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.dropped;
+        continue;
+      }
+      read_control(msgs[i].msg_hdr, d);
+      route(d);
+    }
+    if (n < kBatch) return;
+  }
+}
+
+// A datagram the kernel gave us: ours, a probe, or another process's (stale steering).
+void Port::route(const Datagram& d) {
+  if (d.size == kProbeBytes && d.src.is_loopback()) {
+    uint32_t magic;
+    std::memcpy(&magic, d.data, 4);
+    if (ntohl(magic) == kProbeMagic) return answer_probe(d.data, d.src, d.src_port);
+    if (ntohl(magic) == kNudgeMagic) return start_round();
+  }
+  const int slot = destination_slot(d.data, d.size);
+  if (slot < 0) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.dropped;
+    return;
+  }
+  if (slot == slot_ || reserved_slot(slot)) return deliver(d);
+  if (forward(d, slot)) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.forwarded_out;
+    }
+    start_round();  // its owner is alive and in the group, but the program sent it here
+  } else {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.dropped;  // no live owner: as a NIC drops a packet for a QP it does not have
+  }
+}
+
+void Port::deliver(const Datagram& d) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.delivered;
+    if (d.forwarded) ++stats_.forwarded_in;
+  }
+  if (on_datagram_) on_datagram_(d);
+}
+
+PortStats Port::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace softverbs::wire::roce

@@ -1,0 +1,194 @@
+// The RoCE v2 port: this process's share of UDP port 4791, which every RoCE v2 peer sends
+// to, whichever process on this host owns the destination QP (decision 0006).
+//
+// Every process binds the port with SO_REUSEPORT; a classic BPF program attached to the
+// group reads the datagram's DestQP and hands it to the socket of the process whose registry
+// slot owns that QPN. Which socket sits at which group index is learned by probing
+// (steering.hpp) whenever a process joins or leaves, or a datagram arrives at the wrong
+// process; such a datagram is forwarded to its owner over a Unix datagram socket, so a stale
+// program (a process died and the kernel moved another socket into its place) costs a hop,
+// never a lost packet for a live process. No root, no daemon, no eBPF.
+//
+// One thread per open port sleeps in epoll on the socket, the forwarding socket and a
+// timerfd; it delivers datagrams and fires timers through the handlers given at
+// construction. Sends come from any thread, from unconnected sockets with DF set, so IPv4
+// packets carry ID 0 (the ICRC covers the ID).
+#pragma once
+
+#include <pthread.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "wire/roce/packet.hpp"
+
+namespace softverbs::wire::roce {
+
+// An IP address as a RoCE v2 GID holds it: IPv6, with IPv4 as ::ffff:a.b.c.d.
+struct IpAddress {
+  std::array<uint8_t, 16> bytes{};
+
+  static IpAddress from_gid(const uint8_t (&gid)[16]);
+  static IpAddress v4(uint32_t network_order);
+  static IpAddress loopback_v4() { return v4(0x0100007f); }  // 127.0.0.1 in memory order
+  bool is_v4() const;
+  uint32_t v4_network_order() const;  // meaningful only when is_v4()
+  bool is_loopback() const;
+  std::string to_string() const;
+  bool operator==(const IpAddress&) const = default;
+};
+
+// One datagram that arrived on the port. `data` is the UDP payload (BTH onwards, ICRC
+// included), valid only during the callback; nothing in it has been checked but its length.
+struct Datagram {
+  IpAddress src;
+  uint16_t src_port = 0;
+  IpAddress dst;        // the local address it was sent to
+  int ifindex = 0;      // where it came in (0 when unknown)
+  uint8_t tos = 0;      // IPv4 TOS / IPv6 traffic class: DSCP and ECN
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  bool forwarded = false;  // came through another process (the steering was stale)
+};
+
+// One datagram to send (send_batch).
+struct OutDatagram {
+  IpAddress dst;
+  uint32_t flow = 0;  // entropy: picks the source socket (and so the UDP source port)
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+struct PortConfig {
+  uint16_t udp_port = kRoceV2Port;  // tests use their own
+  int slot = 0;                     // our registry slot; 0: wire::my_slot() at open
+  std::string state_dir;            // for the group's lock file; empty: the state directory
+};
+
+struct PortStats {
+  uint64_t delivered = 0;        // handed to on_datagram (forwarded ones included)
+  uint64_t forwarded_in = 0;     // of those, came through another process
+  uint64_t forwarded_out = 0;    // arrived here for another process, passed on
+  uint64_t dropped = 0;          // too short, truncated, for no live process, bad forward
+  uint64_t probe_rounds = 0;     // programs attached by this process
+  uint32_t group_size = 0;       // members our last round found
+};
+
+class Port {
+ public:
+  using DatagramHandler = std::function<void(const Datagram&)>;
+  using TimerHandler = std::function<void(uint64_t timer_id)>;
+  using Clock = std::chrono::steady_clock;
+
+  // Handlers run on the port's thread, one at a time; they must not call release().
+  Port(PortConfig config, DatagramHandler on_datagram, TimerHandler on_timer);
+  ~Port();
+  Port(const Port&) = delete;
+  Port& operator=(const Port&) = delete;
+
+  // The first acquire opens the port (binds, joins the group, starts the thread); the last
+  // release closes it. Returns 0 or -errno (-EADDRINUSE: another user, or the kernel's own
+  // RoCE, holds the port).
+  int acquire();
+  void release();
+  bool is_open() const { return fd_group_ >= 0; }
+
+  // Sends one datagram to (dst, udp_port). Returns 0 or -errno (-EMSGSIZE past the path
+  // MTU: DF is set; -ENOTCONN when the port is not open).
+  int send(const IpAddress& dst, const void* data, size_t size, uint32_t flow = 0);
+  // sendmmsg per source socket; returns how many were sent (in order), or -errno when none.
+  int send_batch(const OutDatagram* datagrams, size_t count);
+  // The UDP source port that datagrams of `flow` carry (a kernel-chosen ephemeral port).
+  uint16_t source_port(uint32_t flow) const;
+
+  // Timers, on the port's thread: on_timer(id) once at `when` (or soon after). Scheduling
+  // an id that is pending moves it. Any thread; they fire only while the port is open.
+  void schedule(uint64_t timer_id, Clock::time_point when);
+  bool cancel(uint64_t timer_id);  // false when it was not pending
+
+  // Re-learn the group's indices now (tests; the port does it by itself when needed).
+  void request_reroute();
+  // Waits until the round asked for by the last request_reroute (or acquire) is done.
+  bool wait_rerouted(std::chrono::milliseconds timeout);
+  PortStats stats() const;
+
+ private:
+  struct Round;
+  static constexpr int kSenders = 4;
+
+  void close_fds();
+  void loop();
+  void handle_group();
+  void handle_forwarded();
+  void handle_answers();
+  void handle_timers();
+  void handle_commands();
+  void route(const Datagram& d);
+  void deliver(const Datagram& d);
+  void answer_probe(const uint8_t* data, const IpAddress& src, uint16_t src_port);
+  bool forward(const Datagram& d, int slot);
+  void start_round();
+  void send_probes(uint32_t from, uint32_t to);
+  void finish_round_if_done(bool deadline_passed);
+  void arm_timerfd();
+  void nudge_group();
+  int send_from(int fd, const IpAddress& dst, const void* data, size_t size);
+
+  PortConfig config_;
+  DatagramHandler on_datagram_;
+  TimerHandler on_timer_;
+
+  std::mutex open_mu_;
+  int users_ = 0;
+  int slot_ = 0;
+  bool ipv6_ = true;  // sockets are dual-stack AF_INET6 (else AF_INET only)
+  int fd_group_ = -1;
+  int fd_forward_ = -1;
+  int fd_senders_[kSenders] = {-1, -1, -1, -1};
+  uint16_t sender_ports_[kSenders] = {};
+  int fd_lock_ = -1;
+  int fd_epoll_ = -1;
+  int fd_timer_ = -1;
+  int fd_wake_ = -1;
+  pthread_t thread_{};
+  bool thread_running_ = false;
+  std::atomic<bool> stop_{false};
+
+  // Timers: pending ids by deadline, and each id's deadline. Internal timers (round retry
+  // and deadline) use ids with the top bit set.
+  mutable std::mutex timer_mu_;
+  std::set<std::pair<Clock::time_point, uint64_t>> timer_queue_;
+  std::map<uint64_t, Clock::time_point> timer_when_;
+
+  // Probe rounds: only the port's thread touches these.
+  Round* round_ = nullptr;
+  std::atomic<bool> round_wanted_{false};
+  Clock::time_point last_round_end_{};
+
+  // Stats and round counts: written by the port's thread, read anywhere.
+  mutable std::mutex stats_mu_;
+  PortStats stats_;
+  uint64_t rounds_started_ = 0;
+  uint64_t rounds_done_ = 0;
+  uint64_t reroute_ticket_ = 0;  // the round wait_rerouted waits for
+  std::condition_variable rounds_cv_;
+
+  std::vector<uint8_t> rx_buffers_;
+  std::vector<Clock::time_point> forward_congested_until_;  // by slot
+
+  friend struct PortForkGuard;
+};
+
+// The abstract Unix address a misrouted datagram for `slot` is forwarded to.
+std::string forward_address(const std::string& state_dir, uint16_t udp_port, int slot);
+
+}  // namespace softverbs::wire::roce

@@ -1,0 +1,380 @@
+// The RoCE v2 port (wire/roce/port.hpp, steering.hpp): the reuseport program on its own
+// (through a small classic-BPF interpreter, then through the kernel's checker), one port
+// sending to itself over IPv4 and IPv6, timers, and processes sharing one UDP port: each
+// gets its own QPs' datagrams, also right after one of them is killed with SIGKILL.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "wire/registry.hpp"
+#include "wire/roce/port.hpp"
+#include "wire/roce/steering.hpp"
+
+namespace softverbs::wire::roce {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs a classic BPF program as the kernel does for SO_ATTACH_REUSEPORT_CBPF, for the
+// instructions steering_program uses; a load past the end ends it with 0.
+uint32_t run_cbpf(const std::vector<sock_filter>& code, const std::vector<uint8_t>& pkt) {
+  uint32_t a = 0;
+  for (size_t pc = 0; pc < code.size(); ++pc) {
+    const sock_filter& i = code[pc];
+    switch (i.code) {
+      case BPF_LD | BPF_W | BPF_LEN: a = uint32_t(pkt.size()); break;
+      case BPF_LD | BPF_W | BPF_ABS:
+        if (i.k + 4 > pkt.size()) return 0;
+        a = uint32_t(pkt[i.k]) << 24 | uint32_t(pkt[i.k + 1]) << 16 | uint32_t(pkt[i.k + 2]) << 8 |
+            pkt[i.k + 3];
+        break;
+      case BPF_ALU | BPF_AND | BPF_K: a &= i.k; break;
+      case BPF_ALU | BPF_RSH | BPF_K: a >>= i.k; break;
+      case BPF_JMP | BPF_JA: pc += i.k; break;
+      case BPF_JMP | BPF_JEQ | BPF_K: pc += a == i.k ? i.jt : i.jf; break;
+      case BPF_JMP | BPF_JGE | BPF_K: pc += a >= i.k ? i.jt : i.jf; break;
+      case BPF_RET | BPF_K: return i.k;
+      case BPF_RET | BPF_A: return a;
+      default: ADD_FAILURE() << "unexpected opcode " << i.code; return 0xdead;
+    }
+  }
+  ADD_FAILURE() << "fell off the end";
+  return 0xdead;
+}
+
+std::vector<uint8_t> bth_for_qpn(uint32_t qpn, size_t size = 28) {
+  std::vector<uint8_t> p(size, 0);
+  p[0] = 0x04;  // RC SEND_ONLY
+  p[4] = 0xab;  // reserved byte: must not matter
+  p[5] = uint8_t(qpn >> 16);
+  p[6] = uint8_t(qpn >> 8);
+  p[7] = uint8_t(qpn);
+  return p;
+}
+
+std::vector<uint8_t> probe_bytes(uint32_t magic, uint32_t index) {
+  Probe p{htonl(magic), htonl(index), 42};
+  std::vector<uint8_t> v(sizeof p);
+  std::memcpy(v.data(), &p, sizeof p);
+  return v;
+}
+
+TEST(RoceSteering, EverySlotGoesToItsIndexOthersToTheFallback) {
+  for (size_t count : {0, 1, 2, 3, 4, 7, 8, 100, 1022}) {
+    std::vector<Route> routes;
+    std::vector<int> index_of(kSlots, -1);
+    std::mt19937 gen{static_cast<unsigned>(count)};
+    std::vector<uint32_t> slots;
+    for (uint32_t s = 1; s < uint32_t(kSlots) - 1; ++s) slots.push_back(s);
+    std::shuffle(slots.begin(), slots.end(), gen);
+    for (size_t i = 0; i < count; ++i) {
+      routes.push_back({slots[i], uint32_t(i * 3)});
+      index_of[slots[i]] = int(i * 3);
+    }
+    const auto code = steering_program(routes, 77);
+    ASSERT_LE(code.size(), size_t(BPF_MAXINSNS)) << count << " routes";
+    for (int s = 0; s < kSlots; ++s) {
+      const uint32_t qpn = uint32_t(s) << kQpnSlotShift | (uint32_t(s) * 7 & kQpnIndexMask);
+      const uint32_t expect = index_of[size_t(s)] >= 0 ? uint32_t(index_of[size_t(s)]) : 77;
+      ASSERT_EQ(run_cbpf(code, bth_for_qpn(qpn)), expect) << "slot " << s << ", " << count;
+    }
+  }
+}
+
+TEST(RoceSteering, ProbesShortDatagramsAndDuplicates) {
+  const auto code = steering_program({{5, 1}, {9, 2}, {5, 3}}, 0);
+  EXPECT_EQ(run_cbpf(code, bth_for_qpn(5u << kQpnSlotShift)), 1u) << "first route of a slot wins";
+  EXPECT_EQ(run_cbpf(code, probe_bytes(kProbeMagic, 6)), 6u);
+  EXPECT_EQ(run_cbpf(code, probe_bytes(kNudgeMagic, 0)), 0u);
+  // A 16-byte datagram without the magic is steered by its DestQP like any other.
+  EXPECT_EQ(run_cbpf(code, bth_for_qpn(9u << kQpnSlotShift, 16)), 2u);
+  EXPECT_EQ(run_cbpf(code, std::vector<uint8_t>(7, 0)), kNoIndex);
+  EXPECT_EQ(run_cbpf(code, {}), kNoIndex);
+  EXPECT_EQ(destination_slot(bth_for_qpn(0x123456).data(), 8), int(0x123456 >> kQpnSlotShift));
+  EXPECT_EQ(destination_slot(bth_for_qpn(1).data(), 7), -1);
+}
+
+TEST(RoceSteering, TheKernelTakesTheLargestProgram) {
+  std::vector<Route> routes;
+  for (uint32_t s = 0; s < uint32_t(kSlots); ++s) routes.push_back({s, s});
+  const auto code = steering_program(routes, kNoIndex);
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(fd, 0);
+  int one = 1;
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one), 0);
+  sock_fprog prog{uint16_t(code.size()), const_cast<sock_filter*>(code.data())};
+  EXPECT_EQ(setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog), 0)
+      << "errno " << errno << ", " << code.size() << " instructions";
+  close(fd);
+}
+
+TEST(RoceAddress, Ipv4MappedGidsAreIpv4) {
+  const uint8_t gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 1, 2, 3};
+  const IpAddress a = IpAddress::from_gid(gid);
+  EXPECT_TRUE(a.is_v4());
+  EXPECT_EQ(a.to_string(), "10.1.2.3");
+  EXPECT_EQ(a, IpAddress::v4(inet_addr("10.1.2.3")));
+  EXPECT_TRUE(IpAddress::loopback_v4().is_loopback());
+  const uint8_t six[16] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  EXPECT_FALSE(IpAddress::from_gid(six).is_v4());
+  EXPECT_EQ(IpAddress::from_gid(six).to_string(), "fe80::1");
+}
+
+// A UDP port nobody uses right now, and a private state directory.
+uint16_t free_udp_port() {
+  int fd = socket(AF_INET6, SOCK_DGRAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin6_port);
+}
+
+std::string temp_state_dir() {
+  char dir[] = "/tmp/softverbs-roce-port-XXXXXX";
+  return mkdtemp(dir) ? dir : "/tmp";
+}
+
+// Sends a datagram to (addr, port) from a plain socket, as a remote peer would.
+void send_plain(const IpAddress& to, uint16_t port, const std::vector<uint8_t>& bytes) {
+  int fd = socket(AF_INET6, SOCK_DGRAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  std::memcpy(&a.sin6_addr, to.bytes.data(), 16);
+  EXPECT_EQ(sendto(fd, bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&a), sizeof a),
+            ssize_t(bytes.size()));
+  close(fd);
+}
+
+struct Inbox {
+  std::mutex mu;
+  std::vector<Datagram> got;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<uint64_t> timers;
+
+  void take(const Datagram& d) {
+    std::lock_guard<std::mutex> lock(mu);
+    got.push_back(d);
+    bytes.emplace_back(d.data, d.data + d.size);
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size();
+  }
+  bool wait_for(size_t n, std::chrono::milliseconds limit = 2000ms) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (count() < n && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+    return count() >= n;
+  }
+};
+
+TEST(RocePort, ItsOwnQpsDatagramsArriveWithTheirAddresses) {
+  const uint16_t udp_port = free_udp_port();
+  Inbox inbox;
+  Port port({udp_port, 7, temp_state_dir()}, [&](const Datagram& d) { inbox.take(d); }, nullptr);
+  ASSERT_EQ(port.acquire(), 0);
+  EXPECT_EQ(port.acquire(), 0) << "a second user shares the open port";
+  ASSERT_TRUE(port.wait_rerouted(2000ms));
+  EXPECT_EQ(port.stats().group_size, 1u);
+
+  const auto v4 = bth_for_qpn(7u << kQpnSlotShift | 3);
+  ASSERT_EQ(port.send(IpAddress::loopback_v4(), v4.data(), v4.size(), 1), 0);
+  ASSERT_TRUE(inbox.wait_for(1));
+  {
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    EXPECT_EQ(inbox.bytes[0], v4);
+    EXPECT_EQ(inbox.got[0].src, IpAddress::loopback_v4());
+    EXPECT_EQ(inbox.got[0].dst, IpAddress::loopback_v4());
+    EXPECT_EQ(inbox.got[0].src_port, port.source_port(1));
+    EXPECT_NE(inbox.got[0].ifindex, 0);
+    EXPECT_FALSE(inbox.got[0].forwarded);
+  }
+  // IPv6, and QP1 (the CM's), which the lowest slot of the group takes.
+  uint8_t loop6[16] = {};
+  loop6[15] = 1;
+  const auto gsi = bth_for_qpn(1);
+  if (port.send(IpAddress::from_gid(loop6), gsi.data(), gsi.size(), 2) == 0) {
+    ASSERT_TRUE(inbox.wait_for(2));
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    EXPECT_EQ(inbox.got[1].dst, IpAddress::from_gid(loop6));
+    EXPECT_EQ(inbox.bytes[1], gsi);
+  }
+  // A batch, and what is not ours: too short, or a slot nobody holds.
+  std::vector<uint8_t> short_one(5, 0);
+  const auto stranger = bth_for_qpn(9u << kQpnSlotShift);
+  OutDatagram batch[] = {{IpAddress::loopback_v4(), 0, v4.data(), v4.size()},
+                         {IpAddress::loopback_v4(), 3, short_one.data(), short_one.size()},
+                         {IpAddress::loopback_v4(), 3, stranger.data(), stranger.size()},
+                         {IpAddress::loopback_v4(), 5, v4.data(), v4.size()}};
+  const size_t before = inbox.count();
+  EXPECT_EQ(port.send_batch(batch, 4), 4);
+  ASSERT_TRUE(inbox.wait_for(before + 2));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(inbox.count(), before + 2);
+  EXPECT_GE(port.stats().dropped, 2u);
+  port.release();
+  EXPECT_TRUE(port.is_open());
+  port.release();
+  EXPECT_FALSE(port.is_open());
+  EXPECT_EQ(port.send(IpAddress::loopback_v4(), v4.data(), v4.size()), -ENOTCONN);
+}
+
+TEST(RocePort, TimersFireInOrderAndCancelledOnesDoNot) {
+  Inbox inbox;
+  Port port({free_udp_port(), 3, temp_state_dir()}, nullptr, [&](uint64_t id) {
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    inbox.timers.push_back(id);
+  });
+  const auto now = Port::Clock::now();
+  port.schedule(1, now + 30ms);  // scheduled before the port opens: fires once it is
+  ASSERT_EQ(port.acquire(), 0);
+  port.schedule(2, now + 10ms);
+  port.schedule(3, now + 20ms);
+  port.schedule(4, now + 5ms);
+  EXPECT_TRUE(port.cancel(4));
+  EXPECT_FALSE(port.cancel(4));
+  port.schedule(2, now + 40ms);  // moved behind 1
+  port.schedule(5, now - 1ms);   // already due
+  std::this_thread::sleep_for(150ms);
+  std::lock_guard<std::mutex> lock(inbox.mu);
+  EXPECT_EQ(inbox.timers, (std::vector<uint64_t>{5, 3, 1, 2}));
+}
+
+// Shared between the test and the processes it forks.
+struct Member {
+  std::atomic<int> ready{0};
+  std::atomic<uint64_t> mine{0};       // datagrams for our slot
+  std::atomic<uint64_t> forwarded{0};  // of those, through another process
+  std::atomic<uint64_t> wrong{0};      // datagrams for another slot
+  std::atomic<int> reroute{0};         // the test asks for a round; we count it done
+};
+struct Group {
+  Member members[4];
+  std::atomic<int> quit{0};
+};
+
+[[noreturn]] void member_main(Group* g, int i, int slot, uint16_t udp_port,
+                              const std::string& dir) {
+  Member& m = g->members[i];
+  Port port({udp_port, slot, dir},
+            [&](const Datagram& d) {
+              if (destination_slot(d.data, d.size) != slot) {
+                m.wrong.fetch_add(1);
+                return;
+              }
+              m.mine.fetch_add(1);
+              if (d.forwarded) m.forwarded.fetch_add(1);
+            },
+            nullptr);
+  if (port.acquire() != 0 || !port.wait_rerouted(5000ms)) _exit(1);
+  m.ready = 1;
+  int rounds_done = 0;
+  while (!g->quit.load()) {
+    if (m.reroute.load() > rounds_done) {
+      port.request_reroute();
+      if (port.wait_rerouted(5000ms)) m.ready.fetch_add(1);
+      rounds_done = m.reroute.load();
+    }
+    usleep(1000);
+  }
+  port.release();
+  _exit(0);
+}
+
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 3000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!done() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+  return done();
+}
+
+TEST(RocePort, KillingTheMiddleProcessLeavesTheOthersTheirDatagrams) {
+  const uint16_t udp_port = free_udp_port();
+  const std::string dir = temp_state_dir();
+  auto* g = new (mmap(nullptr, sizeof(Group), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                      -1, 0)) Group;
+  const int slots[3] = {11, 12, 13};
+  pid_t pids[3];
+  // Join one by one, so the group's indices are 0, 1, 2 in this order.
+  for (int i = 0; i < 3; ++i) {
+    pids[i] = fork();
+    ASSERT_GE(pids[i], 0);
+    if (pids[i] == 0) member_main(g, i, slots[i], udp_port, dir);
+    ASSERT_TRUE(wait_until([&] { return g->members[i].ready.load() == 1; })) << "member " << i;
+  }
+  // Datagrams from "remote" peers (many source ports: many flow hashes) to each member.
+  auto send_round = [&](int member, int count) {
+    for (int k = 0; k < count; ++k)
+      send_plain(IpAddress::loopback_v4(), udp_port,
+                 bth_for_qpn(uint32_t(slots[member]) << kQpnSlotShift | uint32_t(k)));
+  };
+  for (int i = 0; i < 3; ++i) send_round(i, 20);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(wait_until([&] { return g->members[i].mine.load() == 20; }))
+        << "member " << i << " got " << g->members[i].mine.load();
+    EXPECT_EQ(g->members[i].forwarded.load(), 0u) << "the program steers straight to the owner";
+  }
+
+  // SIGKILL the middle one: the kernel moves the last socket into its index, behind the
+  // program's back. Nothing is lost for the two others, even before anyone re-learns.
+  kill(pids[1], SIGKILL);
+  waitpid(pids[1], nullptr, 0);
+  send_round(0, 20);
+  send_round(2, 20);
+  send_round(1, 5);  // for the dead: nobody may take these
+  EXPECT_TRUE(wait_until([&] { return g->members[0].mine.load() == 40; }))
+      << "member 0 got " << g->members[0].mine.load();
+  EXPECT_TRUE(wait_until([&] { return g->members[2].mine.load() == 40; }))
+      << "member 2 got " << g->members[2].mine.load();
+
+  // Once re-learned (misrouted datagrams start a round; member 2 asks for one to be sure),
+  // datagrams go straight to their owners again.
+  g->members[2].reroute = 1;
+  ASSERT_TRUE(wait_until([&] { return g->members[2].ready.load() == 2; }));
+  const uint64_t fwd0 = g->members[0].forwarded.load(), fwd2 = g->members[2].forwarded.load();
+  send_round(0, 20);
+  send_round(2, 20);
+  EXPECT_TRUE(wait_until([&] { return g->members[0].mine.load() == 60; }));
+  EXPECT_TRUE(wait_until([&] { return g->members[2].mine.load() == 60; }));
+  EXPECT_EQ(g->members[0].forwarded.load(), fwd0);
+  EXPECT_EQ(g->members[2].forwarded.load(), fwd2);
+  EXPECT_EQ(g->members[0].wrong.load() + g->members[2].wrong.load(), 0u);
+
+  // A new process joins (it takes the dead one's slot, as the registry would) and gets its
+  // datagrams.
+  pids[1] = fork();
+  ASSERT_GE(pids[1], 0);
+  if (pids[1] == 0) member_main(g, 3, slots[1], udp_port, dir);
+  ASSERT_TRUE(wait_until([&] { return g->members[3].ready.load() == 1; }));
+  const uint64_t before = g->members[3].mine.load();
+  send_round(1, 20);
+  EXPECT_TRUE(wait_until([&] { return g->members[3].mine.load() == before + 20; }))
+      << "the newcomer got " << g->members[3].mine.load() - before;
+
+  g->quit = 1;
+  for (pid_t p : {pids[0], pids[1], pids[2]}) {
+    int status = 0;
+    waitpid(p, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  }
+  munmap(g, sizeof(Group));
+}
+
+}  // namespace
+}  // namespace softverbs::wire::roce
