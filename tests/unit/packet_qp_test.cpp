@@ -78,7 +78,9 @@ TEST_P(SizesTest, SendAndWriteWithAndWithoutImm) {
         EXPECT_EQ(r.opcode, is_send ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM);
         EXPECT_EQ(r.qp_num, p.b.qp.qp_num());
         EXPECT_EQ(!!(r.wc_flags & IBV_WC_WITH_IMM), imm);
-        if (imm) EXPECT_EQ(r.imm_data, htonl(0xabc000 + static_cast<uint32_t>(id)));
+        if (imm) {
+          EXPECT_EQ(r.imm_data, htonl(0xabc000 + static_cast<uint32_t>(id)));
+        }
       } else {
         EXPECT_EQ(p.b.rcq.size(), rcq);  // a plain WRITE consumes no receive
         p.b.rq.clear();
@@ -304,7 +306,7 @@ TEST(PacketQp, LostPacketTriggersOneSequenceNakAndGoBackN) {
   ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
   int naks = 0;
   for (const WirePacket& wp : p.b.sent)
-    naks += wp.pkt.syndrome == (rw::kAethNak | rw::kNakPsnSequenceError);
+    naks += wp.pkt.syndrome == (pk::aeth_syndrome(rw::kAethNak, rw::kNakPsnSequenceError));
   EXPECT_EQ(naks, 1);
   EXPECT_LT(p.link.now, pk::ack_timeout_ns(10));  // no timeout needed
   EXPECT_EQ(std::memcmp(p.b.mem.data(), p.a.mem.data(), 20 * 1024), 0);
@@ -326,6 +328,25 @@ TEST(PacketQp, MaxRdAtomicLimitsOutstandingReads) {
   p.link.drop_if = nullptr;
   ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 5; }));
   for (const pk::Completion& wc : p.a.scq) EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
+TEST(PacketQp, SqdFinishesWhatStartedAndReportsDrained) {
+  Pair p;
+  p.b.post_recv(1, 0, 1 << 16);
+  p.b.post_recv(2, 0, 1 << 16);
+  p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, 4000)}));
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_SQD;
+  ASSERT_EQ(p.a.qp.modify(a, IBV_QP_STATE), 0);
+  p.a.qp.post_send(wqe(2, IBV_WR_SEND, {p.a.iov(0, 10)}));  // waits for RTS
+  EXPECT_TRUE(p.a.events.empty());
+  p.link.run([] { return false; });
+  ASSERT_EQ(p.a.scq.size(), 1u);
+  EXPECT_EQ(p.a.events, std::vector<ibv_event_type>{IBV_EVENT_SQ_DRAINED});
+  EXPECT_EQ(count_opcode(p.a, rw::kSendOnly), 0);
+  a.qp_state = IBV_QPS_RTS;
+  ASSERT_EQ(p.a.qp.modify(a, IBV_QP_STATE), 0);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 2; }));
 }
 
 // --- remote errors -------------------------------------------------------------------
@@ -448,7 +469,7 @@ TEST_F(ResponderTest, FuturePsnGetsOneNakThenSilenceUntilTheExpectedPsn) {
   b.qp.on_packet(request(rw::kSendOnly, 0xfffffe + 3));
   b.qp.on_packet(request(rw::kSendOnly, 0xfffffe + 5));
   ASSERT_EQ(b.sent.size(), 1u);
-  EXPECT_EQ(b.sent[0].pkt.syndrome, rw::kAethNak | rw::kNakPsnSequenceError);
+  EXPECT_EQ(b.sent[0].pkt.syndrome, pk::aeth_syndrome(rw::kAethNak, rw::kNakPsnSequenceError));
   EXPECT_EQ(b.sent[0].pkt.psn, 0xfffffeu);
   b.qp.on_packet(request(rw::kSendOnly, 0xfffffe));
   b.qp.on_packet(request(rw::kSendOnly, 0xffffff));
@@ -460,7 +481,7 @@ TEST_F(ResponderTest, FuturePsnGetsOneNakThenSilenceUntilTheExpectedPsn) {
   // A gap again: a NAK again.
   b.qp.on_packet(request(rw::kSendOnly, 7));
   ASSERT_EQ(b.sent.size(), 4u);
-  EXPECT_EQ(b.sent[3].pkt.syndrome, rw::kAethNak | rw::kNakPsnSequenceError);
+  EXPECT_EQ(b.sent[3].pkt.syndrome, pk::aeth_syndrome(rw::kAethNak, rw::kNakPsnSequenceError));
   EXPECT_EQ(b.sent[3].pkt.psn, 0u);
   EXPECT_EQ(b.events, std::vector<ibv_event_type>{IBV_EVENT_COMM_EST});  // once, in RTR
 }
@@ -518,14 +539,14 @@ TEST_F(ResponderTest, DuplicateReadIsReExecutedFromItsOwnReth) {
 TEST_F(ResponderTest, MiddleWithoutFirstIsAnInvalidRequest) {
   b.qp.on_packet(request(rw::kSendMiddle, 0xfffffe));
   ASSERT_EQ(b.sent.size(), 1u);
-  EXPECT_EQ(b.sent[0].pkt.syndrome, rw::kAethNak | rw::kNakInvalidRequest);
+  EXPECT_EQ(b.sent[0].pkt.syndrome, pk::aeth_syndrome(rw::kAethNak, rw::kNakInvalidRequest));
   EXPECT_EQ(b.qp.state(), IBV_QPS_ERR);
 }
 
 TEST_F(ResponderTest, MisalignedAtomicIsAnInvalidRequest) {
   b.qp.on_packet(atomic(0xfffffe, b.va(4)));
   ASSERT_EQ(b.sent.size(), 1u);
-  EXPECT_EQ(b.sent[0].pkt.syndrome, rw::kAethNak | rw::kNakInvalidRequest);
+  EXPECT_EQ(b.sent[0].pkt.syndrome, pk::aeth_syndrome(rw::kAethNak, rw::kNakInvalidRequest));
   EXPECT_EQ(b.atomic_executions, 0);
 }
 
@@ -537,7 +558,7 @@ TEST_F(ResponderTest, MalformedLengthsAreInvalidRequests) {
   p.payload_len = 1000;  // FIRST must carry exactly one MTU
   b.qp.on_packet(p);
   ASSERT_EQ(b.sent.size(), 1u);
-  EXPECT_EQ(b.sent[0].pkt.syndrome, rw::kAethNak | rw::kNakInvalidRequest);
+  EXPECT_EQ(b.sent[0].pkt.syndrome, pk::aeth_syndrome(rw::kAethNak, rw::kNakInvalidRequest));
 }
 
 // --- UC and UD -------------------------------------------------------------------------
@@ -718,19 +739,26 @@ TEST_P(LossyLinkTest, EveryByteLandsEveryAtomicRunsOnce) {
         const pk::Completion& r = peer.rcq[recv_index++];
         ASSERT_EQ(r.status, IBV_WC_SUCCESS);
         EXPECT_EQ(r.byte_len, e.len);
-        if (e.op != IBV_WR_SEND) EXPECT_EQ(r.imm_data, htonl(static_cast<uint32_t>(e.slot)));
-        if (e.op != IBV_WR_RDMA_WRITE_WITH_IMM)
+        if (e.op != IBV_WR_SEND) {
+          EXPECT_EQ(r.imm_data, htonl(static_cast<uint32_t>(e.slot)));
+        }
+        if (e.op != IBV_WR_RDMA_WRITE_WITH_IMM) {
           EXPECT_EQ(std::memcmp(peer.mem.data() + kRecv + r.wr_id * kSlot, src, e.len), 0);
+        }
       }
-      if (e.op == IBV_WR_RDMA_WRITE || e.op == IBV_WR_RDMA_WRITE_WITH_IMM)
+      if (e.op == IBV_WR_RDMA_WRITE || e.op == IBV_WR_RDMA_WRITE_WITH_IMM) {
         EXPECT_EQ(std::memcmp(peer.mem.data() + kWrite + e.slot * kSlot, src, e.len), 0);
+      }
       uint8_t* dst = me.mem.data() + kReadDst + e.slot * kSlot;
-      if (e.op == IBV_WR_RDMA_READ)
+      if (e.op == IBV_WR_RDMA_READ) {
         EXPECT_EQ(std::memcmp(dst, peer.mem.data() + kReadSrc + e.slot * kSlot, e.len), 0);
+      }
       uint64_t orig;
       std::memcpy(&orig, dst, 8);
       if (e.op == IBV_WR_ATOMIC_FETCH_AND_ADD) faa_seen.push_back(orig);
-      if (e.op == IBV_WR_ATOMIC_CMP_AND_SWP) EXPECT_EQ(orig, e.len);
+      if (e.op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+        EXPECT_EQ(orig, e.len);
+      }
     }
     EXPECT_EQ(recv_index, peer.rcq.size());
     std::sort(faa_seen.begin(), faa_seen.end());

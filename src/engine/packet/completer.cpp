@@ -37,6 +37,7 @@ void PacketQp::on_response(const Packet& pkt) {
       break;
   }
   pump();
+  check_drained();
 }
 
 // Retires the WQEs that an acknowledgement of `psn` covers. False when it ran into a READ

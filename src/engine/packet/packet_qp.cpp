@@ -116,6 +116,10 @@ int PacketQp::modify(const ibv_qp_attr& a, int mask) {
     case IBV_QPS_RTS:
       pump();  // SQD -> RTS resumes
       break;
+    case IBV_QPS_SQD:
+      drained_raised_ = false;
+      check_drained();
+      break;
     default:
       break;
   }

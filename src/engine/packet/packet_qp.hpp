@@ -186,6 +186,7 @@ class PacketQp {
   void go_back_to(uint32_t psn);
   void complete_head(ibv_wc_status status);
   void complete_send(const SendEntry& e, ibv_wc_status status);
+  void check_drained();
 
   // completer.cpp
   void on_response(const Packet& pkt);
@@ -251,6 +252,7 @@ class PacketQp {
   bool rnr_wait_ = false;
   uint64_t deadline_ns_ = 0;    // retransmit timeout or end of the RNR wait
   bool timer_armed_ = false;
+  bool drained_raised_ = false;  // SQD: IBV_EVENT_SQ_DRAINED sent
 
   // Responder.
   uint32_t epsn_ = 0;

@@ -97,12 +97,14 @@ uint32_t PacketQp::cursor_psn() const {
   return psn_add(sq_[cursor_].first_psn, cursor_pkt_);
 }
 
-// Transmits what the window allows, from the cursor on.
+// Transmits what the window allows, from the cursor on. In SQD only retransmissions go out:
+// what was started finishes, nothing new starts.
 void PacketQp::pump() {
-  if (state_ != IBV_QPS_RTS || rnr_wait_) return;
+  if ((state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD) || rnr_wait_) return;
   const bool rc = type_ == QpType::kRc;
   while (cursor_ < sq_.size()) {
     SendEntry& e = sq_[cursor_];
+    if (state_ == IBV_QPS_SQD && !e.started) break;
     const bool rd_atomic = is_rd_atomic(e.wr.opcode);
     uint32_t psn = psn_add(e.first_psn, cursor_pkt_);
     if (rc) {
@@ -132,6 +134,14 @@ void PacketQp::pump() {
     }
     if (rc && !timer_armed_) restart_retransmit_timer();
   }
+}
+
+// In SQD, once nothing started is outstanding: IBV_EVENT_SQ_DRAINED, once.
+void PacketQp::check_drained() {
+  if (state_ != IBV_QPS_SQD || drained_raised_) return;
+  if (!sq_.empty() && sq_.front().started) return;
+  drained_raised_ = true;
+  env_.raise_event(IBV_EVENT_SQ_DRAINED);
 }
 
 // Builds and sends packet k of `e` (for a READ: the request for response packets k..).
