@@ -1,0 +1,280 @@
+// The IBA transport protocol for packet transports (RoCE v2): one QP's requester
+// (requester.cpp), completer (completer.cpp) and responder (responder.cpp) working on
+// decoded packets (wire/roce/packet.hpp). Self-contained: everything outside the protocol
+// (sending datagrams, time, memory keys, the receive queue, CQs, async events, atomics)
+// goes through `Env`, which the QP's owner implements.
+//
+// Threading: a PacketQp is not thread-safe. The owner holds one mutex per QP around every
+// call into it (post_send, on_packet, on_timer, modify, the observers); Env callbacks run
+// with that mutex held and must not call back into the same PacketQp.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "wire/roce/packet.hpp"
+
+namespace softverbs::engine::packet {
+
+using wire::roce::Packet;
+
+// 24-bit PSN arithmetic: psn_diff is the signed distance a - b within half the PSN space.
+inline constexpr uint32_t kPsnMask = 0xffffff;
+inline uint32_t psn_add(uint32_t psn, uint32_t n) { return (psn + n) & kPsnMask; }
+inline int32_t psn_diff(uint32_t a, uint32_t b) {
+  return static_cast<int32_t>((a - b) << 8) >> 8;
+}
+
+inline bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+inline bool is_rd_atomic(ibv_wr_opcode op) { return op == IBV_WR_RDMA_READ || is_atomic(op); }
+
+// Header fields from two of packet.hpp's enums (kept apart there: transport | operation,
+// AETH kind | code).
+inline constexpr uint8_t bth_opcode(uint8_t transport, uint8_t op) { return transport | op; }
+inline constexpr uint8_t aeth_syndrome(uint8_t kind, uint8_t value) { return kind | value; }
+
+// A resolved piece of local memory.
+struct Iov {
+  uint8_t* addr = nullptr;
+  uint32_t len = 0;
+};
+
+enum class QpType : uint8_t { kRc, kUc, kUd };
+enum class WorkQueue : uint8_t { kSend, kRecv };
+
+// One send work request, local addresses already resolved (lkeys checked by the owner).
+struct SendWqe {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
+                                       // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
+  unsigned send_flags = 0;             // IBV_SEND_SIGNALED, _SOLICITED, _FENCE
+  uint32_t imm = 0;                    // network order
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;            // CMP_AND_SWP: compare; FETCH_AND_ADD: add
+  uint64_t swap = 0;
+  uint32_t remote_qpn = 0;             // UD: the AH's destination
+  uint32_t remote_qkey = 0;            // UD: high bit set = use the QP's own Q_Key
+  std::vector<Iov> sg;                 // gather (SEND/WRITE) or scatter (READ, atomic: 8 B)
+};
+
+// One receive work request: its scatter list is its capacity.
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  std::vector<Iov> sg;
+};
+
+// ibv_wc's fields, plus the SE bit for solicited-only CQ notification.
+struct Completion {
+  uint64_t wr_id = 0;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  ibv_wc_opcode opcode = IBV_WC_SEND;
+  uint32_t vendor_err = 0;
+  uint32_t byte_len = 0;
+  uint32_t imm_data = 0;  // network order
+  uint32_t qp_num = 0;
+  uint32_t src_qp = 0;
+  unsigned wc_flags = 0;  // IBV_WC_WITH_IMM, IBV_WC_GRH
+  uint16_t pkey_index = 0;
+  uint16_t slid = 0;
+  uint8_t sl = 0;
+  uint8_t dlid_path_bits = 0;
+  bool solicited = false;
+};
+
+// What resolve_rkey found: `addr` maps [va, va + len) when ok.
+struct RkeyResult {
+  uint8_t* addr = nullptr;
+  bool ok = false;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  // Transmits one packet; `payload` is gathered after the headers (pkt.payload is unused,
+  // pkt.payload_len is the total). The iovecs stay valid only during the call.
+  virtual void send_packet(const Packet& pkt, std::span<const Iov> payload) = 0;
+  // Monotonic time; the QP has one timer: arm_timer replaces the previous deadline, and the
+  // owner calls PacketQp::on_timer() once now_ns() >= deadline (early calls are harmless).
+  virtual uint64_t now_ns() = 0;
+  virtual void arm_timer(uint64_t deadline_ns) = 0;
+  virtual void cancel_timer() = 0;
+  // Checks that `rkey` grants `access` (IBV_ACCESS_REMOTE_*) on [va, va + len), len > 0.
+  virtual RkeyResult resolve_rkey(uint32_t rkey, uint64_t va, uint32_t len, int access) = 0;
+  // The next receive WQE (dequeued: the QP completes it), or none (RNR).
+  virtual std::optional<RecvWqe> take_receive() = 0;
+  virtual void push_completion(WorkQueue queue, const Completion& wc) = 0;
+  virtual void raise_event(ibv_event_type type) = 0;
+  // Executes an atomic on 8 aligned bytes and returns the old value (host order).
+  virtual uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
+                                  uint64_t swap) = 0;
+};
+
+// Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
+// packets go without AckReq before one asks for an ACK (rxe's RXE_MAX_PKT_PER_ACK).
+inline constexpr uint32_t kMaxUnackedPsns = 128;
+inline constexpr uint32_t kPacketsPerAckReq = 64;
+inline constexpr uint32_t kGrhBytes = 40;
+
+// IBA's RNR NAK timer encoding (the 5-bit field) in microseconds.
+uint32_t rnr_timer_usec(uint8_t code);
+// The local ACK timeout, 4.096 us * 2^timeout; 0 means infinite (returns 0).
+uint64_t ack_timeout_ns(uint8_t timeout);
+
+class PacketQp {
+ public:
+  PacketQp(Env& env, QpType type, uint32_t qp_num, bool sq_sig_all = false);
+
+  // Applies ibv_modify_qp's attributes (state last). Transition legality is the owner's
+  // business; bad values give EINVAL. Entering ERR flushes both queues.
+  int modify(const ibv_qp_attr& attr, int attr_mask);
+  // Queues a send WQE and transmits what the window allows. EINVAL: wrong state (before
+  // RTS), an opcode the transport lacks, an atomic without 8 bytes, UD longer than the MTU.
+  // In ERR the WQE completes at once with IBV_WC_WR_FLUSH_ERR.
+  int post_send(SendWqe wqe);
+  // One decoded packet addressed to this QP. `grh` (UD only): the 40-byte GRH image the
+  // receive buffer starts with (zeros when null).
+  void on_packet(const Packet& pkt, const uint8_t* grh = nullptr);
+  // The timer armed through Env fired.
+  void on_timer();
+
+  ibv_qp_state state() const { return state_; }
+  uint32_t qp_num() const { return qp_num_; }
+  QpType type() const { return type_; }
+  uint32_t mtu() const { return mtu_; }
+  uint32_t next_send_psn() const { return next_psn_; }
+  uint32_t expected_psn() const { return epsn_; }
+  size_t send_queue_depth() const { return sq_.size(); }
+
+ private:
+  // A send WQE while the send queue holds it: its PSN range and progress.
+  struct SendEntry {
+    SendWqe wr;
+    uint32_t length = 0;
+    uint32_t first_psn = 0;
+    uint32_t npkts = 1;  // PSNs it uses (a READ: one per response packet)
+    bool started = false;
+    bool holds_rd_atomic = false;
+    uint32_t last_psn() const { return psn_add(first_psn, npkts - 1); }
+  };
+  // A replayable atomic response (responder side).
+  struct AtomicReply {
+    uint32_t psn = 0;
+    uint64_t orig = 0;
+    bool valid = false;
+  };
+  enum class InMessage : uint8_t { kNone, kSend, kWrite };
+
+  // packet_qp.cpp: shared pieces
+  uint8_t transport_bits() const;
+  void enter_error();
+  void flush_receives();
+  void reset_state();
+  bool is_response(uint8_t op) const;
+
+  // requester.cpp
+  void pump();
+  void transmit(SendEntry& e, uint32_t k);
+  uint32_t cursor_psn() const;
+  void go_back_to(uint32_t psn);
+  void complete_head(ibv_wc_status status);
+  void complete_send(const SendEntry& e, ibv_wc_status status);
+  void check_drained();
+
+  // completer.cpp
+  void on_response(const Packet& pkt);
+  bool ack_through(uint32_t psn);
+  void on_nak(const Packet& pkt);
+  void on_read_response(const Packet& pkt);
+  void on_atomic_ack(const Packet& pkt);
+  void progress_made();
+  void restart_retransmit_timer();
+  void retry(bool from_timer);
+  void fail_head(ibv_wc_status status);
+  int find_entry(uint32_t psn) const;
+
+  // responder.cpp
+  void on_request(const Packet& pkt, const uint8_t* grh);
+  void on_ud_request(const Packet& pkt, const uint8_t* grh);
+  void execute(const Packet& pkt);
+  void on_duplicate(const Packet& pkt);
+  bool check_sequence(uint8_t op) const;
+  bool check_length(const Packet& pkt, uint8_t op) const;
+  bool do_send(const Packet& pkt, uint8_t op);
+  bool do_write(const Packet& pkt, uint8_t op);
+  void do_read(const Packet& pkt, bool duplicate);
+  void do_atomic(const Packet& pkt);
+  void send_atomic_ack(uint32_t psn, uint64_t orig);
+  bool hold_receive();
+  void complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
+                        const Packet* last, uint32_t src_qp, unsigned flags);
+  void send_ack(uint8_t syndrome, uint32_t psn);
+  void responder_fatal(uint8_t nak_code, uint32_t psn, std::optional<ibv_event_type> event);
+  void drop_message();
+
+  Env& env_;
+  const QpType type_;
+  const uint32_t qp_num_;
+  const bool sq_sig_all_;
+  ibv_qp_state state_ = IBV_QPS_RESET;
+
+  // Attributes as ibv_modify_qp sets them.
+  uint32_t mtu_ = 1024;
+  uint32_t dest_qpn_ = 0;
+  uint32_t qkey_ = 0;
+  uint8_t timeout_ = 14;
+  uint8_t retry_cnt_ = 7;
+  uint8_t rnr_retry_ = 7;
+  uint8_t min_rnr_timer_ = 12;
+  uint8_t max_rd_atomic_ = 1;
+  uint8_t max_dest_rd_atomic_ = 1;
+
+  // Requester and completer.
+  std::deque<SendEntry> sq_;
+  size_t cursor_ = 0;          // sq_ index of the next WQE to transmit
+  uint32_t cursor_pkt_ = 0;    // its next packet
+  uint32_t next_psn_ = 0;      // first PSN of the next posted WQE
+  uint32_t comp_psn_ = 0;      // oldest PSN not acknowledged
+  uint32_t sent_end_psn_ = 0;  // one past the newest PSN transmitted
+  uint32_t since_ack_req_ = 0;
+  std::vector<Iov> scratch_;   // the payload slice of the packet being sent
+  uint32_t rd_atomic_in_flight_ = 0;
+  uint8_t retry_left_ = 7;
+  uint8_t rnr_left_ = 7;
+  bool retry_started_ = false;  // a go-back-N is under way; NAKs don't start another
+  bool rnr_wait_ = false;
+  uint64_t deadline_ns_ = 0;    // retransmit timeout or end of the RNR wait
+  bool timer_armed_ = false;
+  bool drained_raised_ = false;  // SQD: IBV_EVENT_SQ_DRAINED sent
+
+  // Responder.
+  uint32_t epsn_ = 0;
+  uint32_t msn_ = 0;
+  bool sent_psn_nak_ = false;
+  bool comm_est_raised_ = false;
+  InMessage in_msg_ = InMessage::kNone;
+  std::optional<RecvWqe> recv_;  // the receive WQE being filled (or kept for reuse)
+  uint32_t recv_offset_ = 0;
+  uint8_t* write_base_ = nullptr;
+  uint32_t write_len_ = 0;
+  uint32_t write_offset_ = 0;
+  std::vector<AtomicReply> atomic_replies_;
+  size_t atomic_next_ = 0;
+};
+
+// Gathers [offset, offset + len) of `sg` into `out` (cleared first); false if sg is shorter.
+bool slice_iovs(const std::vector<Iov>& sg, uint64_t offset, uint32_t len,
+                std::vector<Iov>& out);
+// Copies `len` bytes from `src` into `sg` at `offset`; false (nothing copied) if they do
+// not fit.
+bool scatter(const std::vector<Iov>& sg, uint64_t offset, const uint8_t* src, uint32_t len);
+uint64_t iov_total(const std::vector<Iov>& sg);
+
+}  // namespace softverbs::engine::packet

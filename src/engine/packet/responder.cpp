@@ -1,0 +1,398 @@
+// The responder: executes request packets in PSN order.
+//  RC: the expected PSN runs the request; a PSN from the past is a duplicate, answered
+//      again (re-ACK, READ re-executed from its own RETH, atomic replayed from the reply
+//      cache, never executed twice); a PSN from the future gets one NAK sequence error and
+//      then silence until the expected PSN comes. ACKs go out when a packet asks (AckReq),
+//      one covering every packet before it. Class C errors (bad opcode sequence, length,
+//      R_Key, alignment) NAK and move the QP to ERR.
+//  UC: no ACKs or NAKs; a gap or error drops the message, its receive WQE is kept for
+//      the next one.
+//  UD: SEND ONLY with the right Q_Key, at most one MTU, behind a 40-byte GRH slot.
+#include <algorithm>
+#include <cstring>
+
+#include "engine/packet/packet_qp.hpp"
+
+namespace softverbs::engine::packet {
+
+namespace rw = wire::roce;
+
+namespace {
+
+inline constexpr uint8_t kAckUnlimited = rw::kAethAck | 0x1f;  // ACK, credits unlimited
+
+bool starts_message(uint8_t op) {
+  switch (op) {
+    case rw::kSendFirst: case rw::kSendOnly: case rw::kSendOnlyImm:
+    case rw::kWriteFirst: case rw::kWriteOnly: case rw::kWriteOnlyImm:
+    case rw::kReadRequest: case rw::kCompareSwap: case rw::kFetchAdd:
+      return true;
+    default:
+      return false;
+  }
+}
+bool ends_message(uint8_t op) {
+  switch (op) {
+    case rw::kSendLast: case rw::kSendLastImm: case rw::kSendOnly: case rw::kSendOnlyImm:
+    case rw::kWriteLast: case rw::kWriteLastImm: case rw::kWriteOnly: case rw::kWriteOnlyImm:
+    case rw::kReadRequest: case rw::kCompareSwap: case rw::kFetchAdd:
+      return true;
+    default:
+      return false;
+  }
+}
+bool is_send_op(uint8_t op) { return op <= rw::kSendOnlyImm; }
+bool is_write_op(uint8_t op) { return op >= rw::kWriteFirst && op <= rw::kWriteOnlyImm; }
+bool carries_imm(uint8_t op) {
+  return op == rw::kSendLastImm || op == rw::kSendOnlyImm || op == rw::kWriteLastImm ||
+         op == rw::kWriteOnlyImm;
+}
+
+}  // namespace
+
+void PacketQp::on_request(const Packet& pkt, const uint8_t* grh) {
+  if (state_ != IBV_QPS_RTR && state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD &&
+      state_ != IBV_QPS_SQE)
+    return;
+  if (state_ == IBV_QPS_RTR && !comm_est_raised_) {
+    comm_est_raised_ = true;
+    env_.raise_event(IBV_EVENT_COMM_EST);
+  }
+  if (type_ == QpType::kUd) {
+    on_ud_request(pkt, grh);
+    return;
+  }
+  uint32_t psn = pkt.psn & kPsnMask;
+  int32_t d = psn_diff(psn, epsn_);
+  if (type_ == QpType::kRc) {
+    if (d > 0) {
+      if (!sent_psn_nak_) {
+        sent_psn_nak_ = true;
+        send_ack(aeth_syndrome(rw::kAethNak, rw::kNakPsnSequenceError), epsn_);
+      }
+      return;
+    }
+    if (d < 0) {
+      on_duplicate(pkt);
+      return;
+    }
+    sent_psn_nak_ = false;
+  } else if (d != 0) {
+    drop_message();  // UC lost packets: the message they belonged to is gone
+    epsn_ = psn;
+  }
+  execute(pkt);
+}
+
+// Runs the request at the expected PSN.
+void PacketQp::execute(const Packet& pkt) {
+  const bool rc = type_ == QpType::kRc;
+  const uint8_t op = pkt.opcode & 0x1f;
+  const uint32_t psn = pkt.psn & kPsnMask;
+  if (!rc) epsn_ = psn_add(psn, 1);
+  bool known = is_send_op(op) || is_write_op(op) ||
+               (rc && (op == rw::kReadRequest || op == rw::kCompareSwap || op == rw::kFetchAdd));
+  if (!known) {
+    if (rc) responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  if (!check_sequence(op)) {
+    if (rc) {
+      responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+      return;
+    }
+    drop_message();
+    if (!starts_message(op)) return;
+  }
+  if (!check_length(pkt, op)) {
+    if (rc) {
+      responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    } else {
+      drop_message();
+    }
+    return;
+  }
+  if (op == rw::kReadRequest) {
+    do_read(pkt, false);
+    return;
+  }
+  if (op == rw::kCompareSwap || op == rw::kFetchAdd) {
+    do_atomic(pkt);
+    return;
+  }
+  bool done = is_send_op(op) ? do_send(pkt, op) : do_write(pkt, op);
+  if (!done || !rc) return;
+  epsn_ = psn_add(psn, 1);
+  if (pkt.ack_req) send_ack(kAckUnlimited, psn);
+}
+
+// A message in progress continues with its MIDDLE/LAST; otherwise a new one starts.
+bool PacketQp::check_sequence(uint8_t op) const {
+  switch (in_msg_) {
+    case InMessage::kSend:
+      return op == rw::kSendMiddle || op == rw::kSendLast || op == rw::kSendLastImm;
+    case InMessage::kWrite:
+      return op == rw::kWriteMiddle || op == rw::kWriteLast || op == rw::kWriteLastImm;
+    case InMessage::kNone:
+      return starts_message(op);
+  }
+  return false;
+}
+
+// FIRST and MIDDLE carry exactly one MTU, LAST 1..MTU, ONLY up to an MTU (as rxe checks).
+bool PacketQp::check_length(const Packet& pkt, uint8_t op) const {
+  uint32_t n = pkt.payload_len;
+  if (n != 0 && pkt.payload == nullptr) return false;
+  if (op == rw::kReadRequest || op == rw::kCompareSwap || op == rw::kFetchAdd) return n == 0;
+  bool start = starts_message(op), end = ends_message(op);
+  if (start && end) return n <= mtu_;
+  if (start || !end) return n == mtu_;
+  return n >= 1 && n <= mtu_;
+}
+
+bool PacketQp::hold_receive() {
+  if (!recv_) recv_ = env_.take_receive();
+  return recv_.has_value();
+}
+
+bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
+  const bool rc = type_ == QpType::kRc;
+  const uint32_t psn = pkt.psn & kPsnMask;
+  if (starts_message(op)) {
+    if (!hold_receive()) {
+      if (rc) send_ack(rw::kAethRnrNak | (min_rnr_timer_ & 0x1f), psn);
+      return false;  // UC: dropped; the rest of the message fails the sequence check
+    }
+    in_msg_ = InMessage::kSend;
+    recv_offset_ = 0;
+  }
+  if (!scatter(recv_->sg, recv_offset_, pkt.payload, pkt.payload_len)) {
+    if (!rc) {
+      drop_message();
+      return false;
+    }
+    complete_receive(IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, nullptr, 0, 0);
+    responder_fatal(rw::kNakInvalidRequest, psn, std::nullopt);
+    return false;
+  }
+  recv_offset_ += pkt.payload_len;
+  if (ends_message(op)) {
+    complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, recv_offset_, &pkt, 0, 0);
+    in_msg_ = InMessage::kNone;
+    msn_ = psn_add(msn_, 1);
+  }
+  return true;
+}
+
+bool PacketQp::do_write(const Packet& pkt, uint8_t op) {
+  const bool rc = type_ == QpType::kRc;
+  const uint32_t psn = pkt.psn & kPsnMask;
+  const uint32_t n = pkt.payload_len;
+  const bool first = starts_message(op);
+  if (first) {
+    write_base_ = nullptr;
+    if (pkt.dma_len > 0) {  // a zero-length WRITE needs no valid R_Key (C9-88)
+      RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, pkt.dma_len, IBV_ACCESS_REMOTE_WRITE);
+      if (!r.ok) {
+        if (rc) {
+          responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
+        } else {
+          drop_message();
+        }
+        return false;
+      }
+      write_base_ = r.addr;
+    }
+    write_len_ = pkt.dma_len;
+    write_offset_ = 0;
+    in_msg_ = InMessage::kWrite;
+  }
+  bool last = ends_message(op);
+  if (uint64_t{write_offset_} + n > write_len_ || (last && write_offset_ + n != write_len_)) {
+    if (rc) {
+      responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    } else {
+      drop_message();
+    }
+    return false;
+  }
+  if (carries_imm(op) && !hold_receive()) {
+    if (first) in_msg_ = InMessage::kNone;  // the retried ONLY starts afresh
+    if (rc) {
+      send_ack(rw::kAethRnrNak | (min_rnr_timer_ & 0x1f), psn);
+    } else {
+      drop_message();
+    }
+    return false;
+  }
+  if (n) std::memcpy(write_base_ + write_offset_, pkt.payload, n);
+  write_offset_ += n;
+  if (last) {
+    if (carries_imm(op))
+      complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, write_len_, &pkt, 0, 0);
+    in_msg_ = InMessage::kNone;
+    msn_ = psn_add(msn_, 1);
+  }
+  return true;
+}
+
+// Answers a READ with its response packets (a duplicate from its own RETH and PSN).
+void PacketQp::do_read(const Packet& pkt, bool duplicate) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  const uint32_t len = pkt.dma_len;
+  if (len > (uint32_t{1} << 31)) {
+    if (!duplicate) responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  uint8_t* base = nullptr;
+  if (len > 0) {
+    RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, len, IBV_ACCESS_REMOTE_READ);
+    if (!r.ok) {
+      if (!duplicate)
+        responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
+      return;
+    }
+    base = r.addr;
+  }
+  const uint32_t npkts = std::max<uint32_t>(1, (len + mtu_ - 1) / mtu_);
+  if (!duplicate) {
+    msn_ = psn_add(msn_, 1);
+    epsn_ = psn_add(psn, npkts);
+  }
+  for (uint32_t k = 0; k < npkts; ++k) {
+    Packet r;
+    uint8_t op = npkts == 1       ? rw::kReadResponseOnly
+                 : k == 0         ? rw::kReadResponseFirst
+                 : k + 1 < npkts  ? rw::kReadResponseMiddle
+                                  : rw::kReadResponseLast;
+    r.opcode = rw::kRc | op;
+    r.dest_qp = dest_qpn_;
+    r.psn = psn_add(psn, k);
+    r.syndrome = kAckUnlimited;
+    r.msn = msn_;
+    uint32_t offset = k * mtu_;
+    Iov chunk{base + offset, std::min(mtu_, len - offset)};
+    r.payload_len = chunk.len;
+    env_.send_packet(r, std::span<const Iov>(&chunk, chunk.len ? 1 : 0));
+  }
+}
+
+void PacketQp::do_atomic(const Packet& pkt) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  if (pkt.va & 7) {
+    responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, 8, IBV_ACCESS_REMOTE_ATOMIC);
+  if (!r.ok) {
+    responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
+    return;
+  }
+  bool cas = (pkt.opcode & 0x1f) == rw::kCompareSwap;
+  uint64_t orig = env_.atomic_execute(r.addr, cas ? IBV_WR_ATOMIC_CMP_AND_SWP
+                                                  : IBV_WR_ATOMIC_FETCH_AND_ADD,
+                                      cas ? pkt.compare : pkt.swap_add,
+                                      cas ? pkt.swap_add : 0);
+  if (atomic_replies_.empty()) atomic_replies_.resize(std::max<uint8_t>(max_dest_rd_atomic_, 1));
+  atomic_replies_[atomic_next_] = AtomicReply{psn, orig, true};
+  atomic_next_ = (atomic_next_ + 1) % atomic_replies_.size();
+  msn_ = psn_add(msn_, 1);
+  epsn_ = psn_add(psn, 1);
+  send_atomic_ack(psn, orig);
+}
+
+void PacketQp::send_atomic_ack(uint32_t psn, uint64_t orig) {
+  Packet r;
+  r.opcode = bth_opcode(rw::kRc, rw::kAtomicAck);
+  r.dest_qp = dest_qpn_;
+  r.psn = psn;
+  r.syndrome = kAckUnlimited;
+  r.msn = msn_;
+  r.orig = orig;
+  env_.send_packet(r, {});
+}
+
+// C9-105 and on: a duplicate is answered again, never executed again (READ excepted:
+// reading twice changes nothing).
+void PacketQp::on_duplicate(const Packet& pkt) {
+  const uint8_t op = pkt.opcode & 0x1f;
+  const uint32_t psn = pkt.psn & kPsnMask;
+  if (is_send_op(op) || is_write_op(op)) {
+    if (pkt.ack_req) send_ack(kAckUnlimited, psn_add(epsn_, kPsnMask));
+  } else if (op == rw::kReadRequest) {
+    if (pkt.payload_len == 0) do_read(pkt, true);
+  } else if (op == rw::kCompareSwap || op == rw::kFetchAdd) {
+    for (const AtomicReply& a : atomic_replies_) {
+      if (a.valid && a.psn == psn) {
+        send_atomic_ack(psn, a.orig);
+        break;
+      }
+    }
+    // Not cached any more: dropped (executing it again could be wrong).
+  }
+}
+
+void PacketQp::on_ud_request(const Packet& pkt, const uint8_t* grh) {
+  const uint8_t op = pkt.opcode & 0x1f;
+  if (op != rw::kSendOnly && op != rw::kSendOnlyImm) return;
+  if (pkt.qkey != qkey_) return;
+  const uint32_t n = pkt.payload_len;
+  if (n > mtu_ || (n != 0 && pkt.payload == nullptr)) return;
+  if (!hold_receive()) return;  // no receive: silently dropped
+  // Too long for the receive: dropped, the WQE stays for the next datagram (as rxe).
+  if (iov_total(recv_->sg) < uint64_t{kGrhBytes} + n) return;
+  static constexpr uint8_t kNoGrh[kGrhBytes] = {};
+  scatter(recv_->sg, 0, grh ? grh : kNoGrh, kGrhBytes);
+  scatter(recv_->sg, kGrhBytes, pkt.payload, n);
+  complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, kGrhBytes + n, &pkt, pkt.src_qp & kPsnMask,
+                   IBV_WC_GRH);
+}
+
+// Completes the held receive WQE; `last` is the packet that ended the message.
+void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
+                                const Packet* last, uint32_t src_qp, unsigned flags) {
+  Completion wc;
+  wc.wr_id = recv_->wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.byte_len = byte_len;
+  wc.qp_num = qp_num_;
+  wc.src_qp = src_qp;
+  wc.wc_flags = flags;
+  if (last) {
+    if (carries_imm(last->opcode & 0x1f)) {
+      wc.imm_data = last->imm;
+      wc.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    wc.solicited = last->solicited;
+  }
+  recv_.reset();
+  env_.push_completion(WorkQueue::kRecv, wc);
+}
+
+void PacketQp::send_ack(uint8_t syndrome, uint32_t psn) {
+  Packet r;
+  r.opcode = bth_opcode(rw::kRc, rw::kAck);
+  r.dest_qp = dest_qpn_;
+  r.psn = psn & kPsnMask;
+  r.syndrome = syndrome;
+  r.msn = msn_;
+  env_.send_packet(r, {});
+}
+
+// A class C error: NAK it, tell the owner, and take the QP to ERR.
+void PacketQp::responder_fatal(uint8_t nak_code, uint32_t psn,
+                               std::optional<ibv_event_type> event) {
+  send_ack(rw::kAethNak | nak_code, psn);
+  if (event) env_.raise_event(*event);
+  enter_error();
+}
+
+void PacketQp::drop_message() {
+  in_msg_ = InMessage::kNone;
+  recv_offset_ = 0;
+  write_base_ = nullptr;
+  write_len_ = write_offset_ = 0;
+}
+
+}  // namespace softverbs::engine::packet
