@@ -26,6 +26,10 @@
 
 namespace softverbs {
 
+namespace engine {
+struct RoceLink;  // a QP's RoCE v2 path (engine/roce.cpp)
+}
+
 using Clock = std::chrono::steady_clock;
 
 // Tags that mark our objects, so C entry points can reject pointers we did not hand out.
@@ -272,6 +276,9 @@ struct Qp {
   wire::InboundWindow inbound;
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;
+  // Its RoCE v2 path, when its peer is on another host or it is UD (engine/roce.hpp):
+  // set at RTR, freed on destroy.
+  std::atomic<engine::RoceLink*> roce{nullptr};
 
   ibv_qp* qp() { return &ibv.qp_base; }
   uint32_t qpn() const { return ibv.qp_base.qp_num; }

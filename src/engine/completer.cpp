@@ -37,6 +37,7 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 }  // namespace
 
 void check_drained(Qp* qp) {
+  if (qp->roce.load(std::memory_order_relaxed)) return;  // its RoCE link tells (roce.cpp)
   if (qp->state.load() != IBV_QPS_SQD || !qp->sq_drain_notify) return;
   if (!qp->sq.empty() && qp->sq.front().started) return;
   qp->sq_drain_notify = false;

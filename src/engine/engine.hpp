@@ -61,6 +61,10 @@ void kick_qpn(uint32_t qpn);
 // Executes one request on the target QP `t` of this process (the responder role).
 Outcome respond(const wire::Request& req, Qp* t);
 
+// The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
+// last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.
+void build_grh(uint8_t* grh, const ibv_gid& sgid, const ibv_gid& dgid, uint32_t payload);
+
 // Moves `qp` to ERR, raises `event` (if >= 0) and flushes its queues from the progress thread.
 void set_error(Qp* qp, int event);
 // Completes every outstanding WQE with IBV_WC_WR_FLUSH_ERR. Caller holds no QP lock.

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
 #include "core/core.hpp"
@@ -111,6 +112,8 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
     w.retry_left = qp->send_path.retry_cnt;
   }
   w.started = true;
+  // To another host: the WQE goes out as RoCE v2 packets and completes through the link.
+  if (roce_post(qp, w)) return true;
   return complete(qp, w, execute(qp, w), st);
 }
 

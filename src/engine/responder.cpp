@@ -23,8 +23,8 @@ bool is_ipv4_mapped(const ibv_gid& g) {
   return std::memcmp(g.raw, prefix, 12) == 0;
 }
 
-// The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
-// last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.
+}  // namespace
+
 void build_grh(uint8_t* grh, const ibv_gid& sgid, const ibv_gid& dgid, uint32_t payload) {
   std::memset(grh, 0, kGrhSize);
   if (is_ipv4_mapped(sgid) && is_ipv4_mapped(dgid)) {
@@ -47,6 +47,8 @@ void build_grh(uint8_t* grh, const ibv_gid& sgid, const ibv_gid& dgid, uint32_t 
     std::memcpy(grh + 24, dgid.raw, 16);
   }
 }
+
+namespace {
 
 // The receive queue a message lands in: the QP's own or its SRQ. Holds its lock.
 class RecvQueue {

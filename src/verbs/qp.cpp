@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/shm/mcast.hpp"
@@ -323,6 +324,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   if (int err = check_values(qp, attr, mask)) return err;
   apply_attrs(qp, attr, mask);
   refresh_send_path(qp);
+  engine::roce_modify(qp, *attr, mask);  // a QP on the wire: the protocol state follows
   if (mask & IBV_QP_ACCESS_FLAGS) {
     // A peer writing or reading straight into our memory checks these too.
     std::lock_guard<QueueMutex> lock(qp->rq_mu);
@@ -424,6 +426,7 @@ int destroy_qp(Qp* qp) {
   }
   engine::close_window(qp, false);
   wire::unregister_qp(qp->qpn());  // no peer or timer can reach it any more
+  engine::roce_destroy(qp);
   ibv_qp* q = qp->qp();
   drop_async_events_of(qp->ctx, EventElement::Qp, q);
   wait_acked(&q->mutex, &q->cond, &q->events_completed, &qp->events_reported);
@@ -448,7 +451,7 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       err = EINVAL;
       break;
     }
-    if (qp->sq.size() >= qp->cap.max_send_wr) {
+    if (qp->sq.size() + engine::roce_in_flight(qp) >= qp->cap.max_send_wr) {
       err = ENOMEM;
       break;
     }

@@ -342,18 +342,50 @@ void Port::release() {
 
 // ---- sending -----------------------------------------------------------------------------
 
-int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size) {
+int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size,
+                    const IpAddress* src) {
   sockaddr_storage to;
   const socklen_t len = to_sockaddr(dst, config_.udp_port, ipv6_, to);
   if (len == 0) return -EAFNOSUPPORT;
-  if (sendto(fd, data, size, 0, reinterpret_cast<sockaddr*>(&to), len) < 0) return -errno;
+  iovec iov{const_cast<void*>(data), size};
+  msghdr msg{};
+  msg.msg_name = &to;
+  msg.msg_namelen = len;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  // The source address as a control message: IP_PKTINFO for IPv4 (also on a dual-stack
+  // socket sending to a v4-mapped address), IPV6_PKTINFO for IPv6.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
+  if (src && !src->is_loopback()) {
+    msg.msg_control = control;
+    cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
+    if (src->is_v4()) {
+      in_pktinfo info{};
+      info.ipi_spec_dst.s_addr = src->v4_network_order();
+      c->cmsg_level = IPPROTO_IP;
+      c->cmsg_type = IP_PKTINFO;
+      c->cmsg_len = CMSG_LEN(sizeof(info));
+      std::memcpy(CMSG_DATA(c), &info, sizeof(info));
+      msg.msg_controllen = CMSG_SPACE(sizeof(info));
+    } else {
+      in6_pktinfo info{};
+      std::memcpy(&info.ipi6_addr, src->bytes.data(), 16);
+      c->cmsg_level = IPPROTO_IPV6;
+      c->cmsg_type = IPV6_PKTINFO;
+      c->cmsg_len = CMSG_LEN(sizeof(info));
+      std::memcpy(CMSG_DATA(c), &info, sizeof(info));
+      msg.msg_controllen = CMSG_SPACE(sizeof(info));
+    }
+  }
+  if (sendmsg(fd, &msg, 0) < 0) return -errno;
   return 0;
 }
 
-int Port::send(const IpAddress& dst, const void* data, size_t size, uint32_t flow) {
+int Port::send(const IpAddress& dst, const void* data, size_t size, uint32_t flow,
+               const IpAddress* src) {
   const int fd = fd_senders_[flow % kSenders];
   if (fd < 0) return -ENOTCONN;
-  return send_from(fd, dst, data, size);
+  return send_from(fd, dst, data, size, src);
 }
 
 int Port::send_batch(const OutDatagram* datagrams, size_t count) {

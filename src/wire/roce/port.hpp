@@ -104,7 +104,10 @@ class Port {
 
   // Sends one datagram to (dst, udp_port). Returns 0 or -errno (-EMSGSIZE past the path
   // MTU: DF is set; -ENOTCONN when the port is not open).
-  int send(const IpAddress& dst, const void* data, size_t size, uint32_t flow = 0);
+  // `src`, when given, is the source address the datagram must carry (the QP's GID: the
+  // ICRC covers it), instead of the one the kernel's routing would pick.
+  int send(const IpAddress& dst, const void* data, size_t size, uint32_t flow = 0,
+           const IpAddress* src = nullptr);
   // sendmmsg per source socket; returns how many were sent (in order), or -errno when none.
   int send_batch(const OutDatagram* datagrams, size_t count);
   // The UDP source port that datagrams of `flow` carry (a kernel-chosen ephemeral port).
@@ -141,7 +144,8 @@ class Port {
   void finish_round_if_done(bool deadline_passed);
   void arm_timerfd();
   void nudge_group();
-  int send_from(int fd, const IpAddress& dst, const void* data, size_t size);
+  int send_from(int fd, const IpAddress& dst, const void* data, size_t size,
+                const IpAddress* src = nullptr);
 
   PortConfig config_;
   DatagramHandler on_datagram_;

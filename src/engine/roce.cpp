@@ -1,0 +1,405 @@
+// The RoCE v2 path of a QP (see roce.hpp): a RoceLink is the packet roles' Env. It turns
+// their packets into datagrams (headers, payload, ICRC) for the port, and their receive
+// takes, key checks, completions and events into this process's objects. The port's thread
+// (wire/roce/port.hpp) decodes what arrives, checks its ICRC and hands it to the QP's link.
+//
+// Locks, in order: a QP's sq_mu (posting), the key lock (shared), the link's mu, then the
+// receive queue's and the CQs' own locks. The port's thread takes the key lock around
+// every packet, so that an MR cannot go while its bytes are being read or written.
+#include "engine/roce.hpp"
+
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <shared_mutex>
+#include <utility>
+#include <vector>
+
+#include "core/core.hpp"
+#include "core/device.hpp"
+#include "core/errors.hpp"
+#include "engine/engine.hpp"
+#include "engine/packet/packet_qp.hpp"
+#include "wire/roce/icrc.hpp"
+#include "wire/roce/packet.hpp"
+#include "wire/roce/port.hpp"
+#include "wire/router.hpp"
+#include "wire/transport.hpp"
+
+namespace softverbs::engine {
+
+namespace rw = wire::roce;
+
+namespace {
+
+// The biggest datagram a 4096-byte path MTU makes: headers (at most BTH + RETH + ImmDt, or
+// BTH + AtomicETH), payload, pad and ICRC.
+constexpr size_t kMaxDatagram = 4096 + 64;
+
+uint64_t now_ns_steady() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// The biggest IBA MTU whose packets fit the interface's MTU with IP, UDP, BTH, the largest
+// extension headers and the ICRC around the payload (as rxe sizes a port's active MTU).
+ibv_mtu interface_mtu(int ifindex, bool ipv6) {
+  char name[IF_NAMESIZE] = {};
+  int mtu = 1500;
+  if (ifindex > 0 && if_indextoname(static_cast<unsigned>(ifindex), name)) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ifreq ifr{};
+    std::snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", name);
+    if (fd >= 0 && ioctl(fd, SIOCGIFMTU, &ifr) == 0) mtu = ifr.ifr_mtu;
+    if (fd >= 0) close(fd);
+  }
+  int overhead = (ipv6 ? 40 : 20) + 8 + rw::kBthBytes + 28 + rw::kIcrcBytes;
+  for (int m = IBV_MTU_4096; m > IBV_MTU_256; --m)
+    if ((128 << m) + overhead <= mtu) return static_cast<ibv_mtu>(m);
+  return IBV_MTU_256;
+}
+
+bool is_ipv4_mapped(const ibv_gid& g) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.raw, prefix, 12) == 0;
+}
+
+ibv_gid gid_of(const rw::IpAddress& a) {
+  ibv_gid g;
+  std::memcpy(g.raw, a.bytes.data(), 16);
+  return g;
+}
+
+packet::QpType packet_type(ibv_qp_type t) {
+  return t == IBV_QPT_UD ? packet::QpType::kUd
+                         : t == IBV_QPT_UC ? packet::QpType::kUc : packet::QpType::kRc;
+}
+
+void on_datagram(const rw::Datagram& d);
+void on_timer(uint64_t qpn);
+
+uint16_t roce_udp_port() {
+  // Tests on one machine may move the whole RoCE v2 wire to another port.
+  if (const char* p = std::getenv("SOFTVERBS_ROCE_PORT"); p && *p) return uint16_t(std::atoi(p));
+  return rw::kRoceV2Port;
+}
+
+// This process's share of UDP port 4791, opened with the first link and closed with the
+// last (Port::acquire / release count).
+rw::Port& port() {
+  static rw::Port* p = new rw::Port(rw::PortConfig{roce_udp_port(), 0, {}}, &on_datagram,
+                                    &on_timer);  // immortal: its thread may outlive exit()
+  return *p;
+}
+
+}  // namespace
+
+struct RoceLink final : packet::Env {
+  RoceLink(Qp* q)
+      : qp(q), pq(*this, packet_type(q->type), q->qpn(), q->sq_sig_all),
+        inline_ring(q->cap.max_send_wr + 1) {}
+
+  Qp* qp;
+  std::mutex mu;
+  packet::PacketQp pq;
+  bool port_held = false;
+  // Connected QPs: where packets go and come from (the QP's path, set at RTR).
+  ibv_gid sgid{};
+  ibv_gid dgid{};
+  unsigned qp_access = 0;  // the QP's remote access flags, checked before any rkey
+  bool sqd_notify = false;  // SQD entered with en_sqd_async_notify
+  // UD: the address of each WQE handed over and not yet sent, in order (one packet each).
+  std::deque<std::pair<ibv_gid, ibv_gid>> ud_dest;
+  // Inline data outlives ibv_post_send here: a slot per WQE that can be in flight, plus one.
+  std::vector<std::vector<uint8_t>> inline_ring;
+  uint64_t posted = 0;
+
+  // ---- packet::Env -----------------------------------------------------------------------
+  void send_packet(const rw::Packet& pkt, std::span<const packet::Iov> payload) override {
+    ibv_gid s = sgid, d = dgid;
+    if (qp->type == IBV_QPT_UD) {
+      if (ud_dest.empty()) return;
+      std::tie(s, d) = ud_dest.front();
+      ud_dest.pop_front();
+    }
+    uint8_t buf[kMaxDatagram];
+    size_t off = rw::encode_headers(pkt, pkt.payload_len, buf, sizeof(buf));
+    if (!off || off + pkt.payload_len + 3 + rw::kIcrcBytes > sizeof(buf)) return;
+    for (const packet::Iov& v : payload) {
+      std::memcpy(buf + off, v.addr, v.len);
+      off += v.len;
+    }
+    uint8_t pad = rw::pad_bytes(pkt.payload_len);
+    std::memset(buf + off, 0, pad + rw::kIcrcBytes);
+    off += pad + rw::kIcrcBytes;
+    uint32_t flow = qp->qpn();  // one source socket per QP keeps its packets in order
+    rw::IpAddress src = rw::IpAddress::from_gid(s.raw);
+    rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(flow));
+    rw::icrc_fill(ctx, buf, off);
+    port().send(rw::IpAddress::from_gid(d.raw), buf, off, flow, &src);
+  }
+
+  uint64_t now_ns() override { return now_ns_steady(); }
+
+  void arm_timer(uint64_t deadline_ns) override {
+    port().schedule(qp->qpn(), rw::Port::Clock::time_point(std::chrono::nanoseconds(deadline_ns)));
+  }
+  void cancel_timer() override { port().cancel(qp->qpn()); }
+
+  packet::RkeyResult resolve_rkey(uint32_t rkey, uint64_t va, uint32_t len, int access) override {
+    if ((qp_access & static_cast<unsigned>(access)) != static_cast<unsigned>(access)) return {};
+    iovec at{};
+    if (!resolve_sge(qp->pd, rkey, va, len, static_cast<unsigned>(access), &at)) return {};
+    return {static_cast<uint8_t*>(at.iov_base), true};
+  }
+
+  std::optional<packet::RecvWqe> take_receive() override {
+    // An SRQ's receives are not this QP's to flush when it fails.
+    if (qp->srq && pq.state() == IBV_QPS_ERR) return std::nullopt;
+    QueueMutex& lock_mu = qp->srq ? qp->srq->mu : qp->rq_mu;
+    RingQueue<RecvWqe>& q = qp->srq ? qp->srq->rq : qp->rq;
+    std::lock_guard<QueueMutex> lock(lock_mu);
+    if (q.empty()) return std::nullopt;
+    packet::RecvWqe r;
+    r.wr_id = q.front().wr_id;
+    for (const Sge& s : q.front().sges) {
+      if (s.length == 0) continue;
+      iovec at{};
+      // A buffer that fails its key check holds nothing: the message does not fit it, and
+      // the receive completes in error.
+      if (!resolve_sge(qp->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &at)) {
+        r.sg.clear();
+        break;
+      }
+      r.sg.push_back({static_cast<uint8_t*>(at.iov_base), static_cast<uint32_t>(at.iov_len)});
+    }
+    q.pop_front();
+    if (Srq* srq = qp->srq; srq && srq->limit && q.size() < srq->limit) {
+      srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
+      raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+    }
+    return r;
+  }
+
+  void push_completion(packet::WorkQueue queue, const packet::Completion& c) override {
+    ibv_wc wc{};
+    wc.wr_id = c.wr_id;
+    wc.status = c.status;
+    wc.opcode = c.opcode;
+    wc.vendor_err = c.vendor_err;
+    wc.byte_len = c.byte_len;
+    wc.imm_data = c.imm_data;
+    wc.qp_num = qp->qpn();
+    wc.src_qp = c.src_qp;
+    wc.wc_flags = c.wc_flags;
+    wc.pkey_index = c.pkey_index;
+    if (c.status != IBV_WC_SUCCESS) {  // ibv_poll_cq(3): on error only these are valid
+      wc.opcode = {};
+      wc.byte_len = wc.imm_data = wc.src_qp = wc.wc_flags = 0;
+    }
+    cq_push(queue == packet::WorkQueue::kSend ? qp->send_cq : qp->recv_cq, wc, c.solicited);
+  }
+
+  void raise_event(ibv_event_type type) override {
+    // SQ_DRAINED only when the application asked for it on entering SQD.
+    if (type == IBV_EVENT_SQ_DRAINED && !std::exchange(sqd_notify, false)) return;
+    raise_qp_event(qp, type);
+  }
+
+  uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
+                          uint64_t swap) override {
+    auto* word = reinterpret_cast<uint64_t*>(addr);
+    if (op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+      uint64_t old = compare_add;
+      __atomic_compare_exchange_n(word, &old, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      return old;
+    }
+    return __atomic_fetch_add(word, compare_add, __ATOMIC_SEQ_CST);
+  }
+
+  // After any call into pq (link mu held): a QP whose protocol failed moves to ERR as a
+  // whole, with what the verbs layer holds flushed too.
+  void sync_error() {
+    if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR) set_error(qp, -1);
+  }
+};
+
+namespace {
+
+// Builds the 40-byte GRH image a UD receive starts with, as a RoCE v2 NIC does.
+void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
+  build_grh(out, gid_of(d.src), gid_of(d.dst), payload);
+}
+
+void on_datagram(const rw::Datagram& d) {
+  rw::Packet pkt;
+  if (rw::decode_checked(d.data, d.size, &pkt) != rw::DecodeError::kOk) return;
+  rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.src.bytes.data(), d.dst.bytes.data(),
+                                                   d.src_port, roce_udp_port());
+  if (!rw::icrc_check(ctx, d.data, d.size).ok()) return;  // never executed
+  wire::QpRef qp = wire::find_local(pkt.dest_qp);
+  if (!qp) return;
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return;
+  uint8_t grh[40];
+  bool ud = qp->type == IBV_QPT_UD;
+  if (ud) ud_grh(d, pkt.payload_len, grh);
+  std::shared_lock keys(MrTable::instance().lock());
+  std::lock_guard<std::mutex> lock(link->mu);
+  // A connected QP hears only its peer.
+  if (!ud && std::memcmp(link->dgid.raw, d.src.bytes.data(), 16) != 0) return;
+  link->pq.on_packet(pkt, ud ? grh : nullptr);
+  link->sync_error();
+}
+
+void on_timer(uint64_t qpn) {
+  wire::QpRef qp = wire::find_local(static_cast<uint32_t>(qpn));
+  if (!qp) return;
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return;
+  std::shared_lock keys(MrTable::instance().lock());
+  std::lock_guard<std::mutex> lock(link->mu);
+  link->pq.on_timer();
+  link->sync_error();
+}
+
+bool writes_local(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+}  // namespace
+
+void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  bool to_rtr = (mask & IBV_QP_STATE) && attr.qp_state == IBV_QPS_RTR;
+  if (!link) {
+    if (!to_rtr) return;
+    if (qp->type != IBV_QPT_UD && qp->send_path.route != wire::Route::Roce) return;
+    link = new RoceLink(qp);
+    int err = port().acquire();
+    link->port_held = err == 0;
+    if (err) {
+      static std::once_flag told;
+      std::call_once(told, [err] {
+        std::fprintf(stderr, "softverbs: RoCE v2 port %u unavailable (%s): no traffic with other hosts\n",
+                     roce_udp_port(), std::strerror(-err));
+      });
+    }
+    // The protocol state starts where the QP is: INIT with its attributes so far.
+    ibv_qp_attr init;
+    {
+      std::lock_guard<std::mutex> attrs(qp->attr_mu);
+      init = qp->attr;
+    }
+    init.qp_state = IBV_QPS_INIT;
+    {
+      std::lock_guard<std::mutex> lock(link->mu);
+      link->pq.modify(init, IBV_QP_STATE | IBV_QP_QKEY);
+    }
+    qp->roce.store(link, std::memory_order_release);
+  }
+  ibv_qp_attr a = attr;
+  {
+    std::lock_guard<std::mutex> attrs(qp->attr_mu);
+    const ibv_qp_attr& cur = qp->attr;
+    int sgid_index = cur.ah_attr.grh.sgid_index;
+    const auto& gids = Device::instance().gids();
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->qp_access = cur.qp_access_flags;
+    link->dgid = cur.ah_attr.grh.dgid;
+    if (sgid_index < static_cast<int>(gids.size())) {
+      link->sgid = gids[sgid_index].gid;
+      if (mask & IBV_QP_PATH_MTU) {
+        ibv_mtu fits = interface_mtu(gids[sgid_index].ifindex, !is_ipv4_mapped(link->sgid));
+        if (a.path_mtu > fits) a.path_mtu = fits;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(link->mu);
+  if ((mask & IBV_QP_STATE) && a.qp_state == IBV_QPS_SQD)
+    link->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && a.en_sqd_async_notify;
+  link->pq.modify(a, mask);
+  link->sync_error();
+}
+
+bool roce_post(Qp* qp, SendWqe& w) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return false;
+  bool ud = qp->type == IBV_QPT_UD;
+  if (ud ? wire::route(w.dgid, w.remote_qpn) != wire::Route::Roce
+         : qp->send_path.route != wire::Route::Roce)
+    return false;
+  int st = qp->state.load();
+  packet::SendWqe p;
+  p.wr_id = w.wr_id;
+  p.opcode = w.opcode;
+  p.send_flags = w.flags;
+  p.imm = w.imm;
+  p.remote_addr = w.remote_addr;
+  p.rkey = w.rkey;
+  p.compare_add = w.compare_add;
+  p.swap = w.swap;
+  p.remote_qpn = w.remote_qpn;
+  p.remote_qkey = w.remote_qkey;
+  if (w.total_length > kMaxMsgSize)
+    return complete(qp, w, {Outcome::Error, fault_rule(Fault::LocalLength).requester_status}, st);
+  if (!w.inline_data.empty()) {
+    std::vector<uint8_t>& slot = link->inline_ring[link->posted % link->inline_ring.size()];
+    slot.assign(w.inline_data.data(), w.inline_data.data() + w.inline_data.size());
+    p.sg.push_back({slot.data(), static_cast<uint32_t>(slot.size())});
+  } else {
+    std::shared_lock keys(MrTable::instance().lock());
+    unsigned need = writes_local(w.opcode) ? IBV_ACCESS_LOCAL_WRITE : 0;
+    for (const Sge& s : w.sges) {
+      if (s.length == 0) continue;
+      iovec at{};
+      if (!resolve_sge(qp->pd, s.lkey, s.addr, s.length, need, &at)) {
+        keys.unlock();
+        return complete(qp, w,
+                        {Outcome::Error, fault_rule(Fault::LocalProtection).requester_status}, st);
+      }
+      p.sg.push_back({static_cast<uint8_t*>(at.iov_base), static_cast<uint32_t>(at.iov_len)});
+    }
+  }
+  ++link->posted;
+  int err;
+  {
+    std::shared_lock keys(MrTable::instance().lock());
+    std::lock_guard<std::mutex> lock(link->mu);
+    if (ud) link->ud_dest.emplace_back(w.sgid, w.dgid);
+    err = link->pq.post_send(std::move(p));
+    if (err && ud) link->ud_dest.pop_back();
+    link->sync_error();
+  }
+  // What the protocol refuses (UD over the path MTU, an atomic not of 8 bytes): a local
+  // length error, as the device would report it.
+  if (err) return complete(qp, w, {Outcome::Error, fault_rule(Fault::LocalLength).requester_status}, st);
+  return true;
+}
+
+size_t roce_in_flight(Qp* qp) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return 0;
+  std::lock_guard<std::mutex> lock(link->mu);
+  return link->pq.send_queue_depth();
+}
+
+void roce_destroy(Qp* qp) {
+  RoceLink* link = qp->roce.exchange(nullptr, std::memory_order_acq_rel);
+  if (!link) return;
+  port().cancel(qp->qpn());
+  if (link->port_held) port().release();
+  delete link;
+}
+
+}  // namespace softverbs::engine

@@ -1,0 +1,28 @@
+// A QP's RoCE v2 path: when its peer is on another host (route roce, wire/router.hpp), or it
+// is a UD QP (which any host may send to), the packet roles of engine/packet/ run its
+// transport protocol, and wire/roce/'s port carries the datagrams. The verbs layer calls in
+// here at modify, post and destroy; the port's thread delivers packets and timers.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+
+#include "core/objects.hpp"
+
+namespace softverbs::engine {
+
+// After ibv_modify_qp applied `attr`/`mask` to qp (caller holds no QP lock): creates the
+// QP's RoCE link when it enters RTR towards another host (any UD QP entering RTR), and
+// hands every later change to it. Entering ERR flushes what the link holds.
+void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask);
+// Hands WQE `w` to the QP's RoCE link when it goes on the wire (connected QP on the roce
+// route; UD to another host). True when taken (it completes later, through the link, or
+// has completed with an error); false: not a RoCE WQE. Caller holds qp->sq_mu.
+bool roce_post(Qp* qp, SendWqe& w);
+// Send WQEs the link holds (sent, not yet completed): they count against max_send_wr.
+size_t roce_in_flight(Qp* qp);
+// Frees the link, after wire::unregister_qp (nothing can look the QP up any more).
+void roce_destroy(Qp* qp);
+
+}  // namespace softverbs::engine
