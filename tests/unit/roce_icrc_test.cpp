@@ -150,6 +150,28 @@ TEST(RoceIcrcTest, SomeIdCheckAgreesWithExhaustiveSearch) {
   }
 }
 
+// Lengths that share a slot of the per-thread solver cache, in turns, and many others.
+TEST(RoceIcrcTest, SomeIdCheckAcrossLengths) {
+  std::vector<uint8_t> payload(1024, 0x3c);
+  const IcrcContext receiver = IcrcContext::from_ipv4(kSrc4, kDst4, 0xc000);
+  for (int round = 0; round < 3; ++round) {
+    for (uint32_t len = 0; len <= 256; len += 4 + 28 * (round == 1)) {
+      Packet p;
+      p.opcode = kRc | kSendOnly;
+      std::vector<uint8_t> d(datagram_bytes(p.opcode, len));
+      ASSERT_EQ(encode(p, payload.data(), len, d.data(), d.size()), d.size());
+      IcrcContext sender = receiver;
+      sender.ipv4_id = uint16_t(0x8000 + len * 3 + round);
+      icrc_fill(sender, d.data(), d.size());
+      const IcrcCheck check = icrc_check(receiver, d.data(), d.size());
+      ASSERT_EQ(check.result, IcrcCheck::kSomeIpv4Id) << len;
+      EXPECT_EQ(check.ipv4_id, sender.ipv4_id) << len;
+      d[d.size() / 2] ^= 0x10;
+      EXPECT_FALSE(icrc_check(receiver, d.data(), d.size()).ok()) << len;
+    }
+  }
+}
+
 TEST(RoceIcrcTest, ExactFirstAndNoIdSearchOverIpv6) {
   auto d = hello_packet();
   IcrcContext c = IcrcContext::from_ipv4(kSrc4, kDst4, 49152);

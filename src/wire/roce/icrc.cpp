@@ -140,34 +140,58 @@ void id_contributions(size_t len, uint32_t out[17]) {
   }
 }
 
-// Solves sum(m_i * v_i) = target over GF(2) for the 17 independent v_i (a CRC-32 tells
-// apart any two patterns within 32 bits of each other). Returns false when no m exists.
-bool solve(const uint32_t v[17], uint32_t target, uint32_t* m_out) {
-  uint32_t pivot_vec[32] = {};
-  uint32_t pivot_mix[32] = {};  // which v_i make up pivot_vec[b]
-  for (int i = 0; i < 17; ++i) {
-    uint32_t vec = v[i], mix = 1u << i;
-    for (int b = 31; b >= 0 && vec != 0; --b) {
-      if (!(vec >> b & 1)) continue;
-      if (pivot_vec[b] == 0) {
-        pivot_vec[b] = vec;
-        pivot_mix[b] = mix;
-        vec = 0;
-      } else {
-        vec ^= pivot_vec[b];
-        mix ^= pivot_mix[b];
+// The 17 contributions in reduced form, for solving sum(m_i * v_i) = target over GF(2):
+// pivot_vec[b] has highest bit b and is the sum of the v_i named in pivot_mix[b]. The v_i
+// are independent (a CRC-32 tells apart any two patterns within 32 bits of each other).
+struct IdSolver {
+  size_t len = 0;  // the datagram length it is for; 0: empty
+  uint32_t pivot_vec[32];
+  uint32_t pivot_mix[32];
+
+  void build(size_t datagram_len) {
+    uint32_t v[17];
+    id_contributions(datagram_len, v);
+    memset(pivot_vec, 0, sizeof pivot_vec);
+    memset(pivot_mix, 0, sizeof pivot_mix);
+    for (int i = 0; i < 17; ++i) {
+      uint32_t vec = v[i], mix = 1u << i;
+      for (int b = 31; b >= 0 && vec != 0; --b) {
+        if (!(vec >> b & 1)) continue;
+        if (pivot_vec[b] == 0) {
+          pivot_vec[b] = vec;
+          pivot_mix[b] = mix;
+          vec = 0;
+        } else {
+          vec ^= pivot_vec[b];
+          mix ^= pivot_mix[b];
+        }
       }
     }
+    len = datagram_len;
   }
-  uint32_t mix = 0;
-  for (int b = 31; b >= 0; --b) {
-    if (!(target >> b & 1)) continue;
-    if (pivot_vec[b] == 0) return false;
-    target ^= pivot_vec[b];
-    mix ^= pivot_mix[b];
+
+  // Which v_i sum to target; false when none do.
+  bool solve(uint32_t target, uint32_t* mix_out) const {
+    uint32_t mix = 0;
+    for (int b = 31; b >= 0; --b) {
+      if (!(target >> b & 1)) continue;
+      if (pivot_vec[b] == 0) return false;
+      target ^= pivot_vec[b];
+      mix ^= pivot_mix[b];
+    }
+    *mix_out = mix;
+    return true;
   }
-  *m_out = mix;
-  return true;
+};
+
+// Building a solver costs about as much as the CRC of a 4 KiB packet, and a peer like rxe
+// sends every packet with a nonzero ID, so each thread keeps the solvers of the last few
+// lengths (a stream mostly has a handful: full MTUs, ACKs, its last packets).
+const IdSolver& solver_for(size_t len) {
+  thread_local IdSolver cache[8];
+  IdSolver& slot = cache[(len / 4) % 8];  // valid datagrams are multiples of 4
+  if (slot.len != len) slot.build(len);
+  return slot;
 }
 
 }  // namespace
@@ -260,10 +284,8 @@ IcrcCheck icrc_check(const IcrcContext& ctx, const uint8_t* dgram, size_t len) {
     return check;
   }
   if (ctx.ipv6 || len > kMaxDatagramBytes - 20) return check;
-  uint32_t contributions[17];
-  id_contributions(len, contributions);
   uint32_t flips;
-  if (!solve(contributions, computed ^ stored, &flips)) return check;
+  if (!solver_for(len).solve(computed ^ stored, &flips)) return check;
   check.result = IcrcCheck::kSomeIpv4Id;
   check.ipv4_id = uint16_t(ctx.ipv4_id ^ (flips & 0xffff));
   check.ipv4_df = ctx.ipv4_df != bool(flips >> 16);

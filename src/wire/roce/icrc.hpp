@@ -70,8 +70,9 @@ struct IcrcCheck {
 // against ctx (IPv4 ID and DF as given: what softverbs sends). When that fails over IPv4,
 // finds whether one of the 2^17 (ID, DF) pairs makes the ICRC match: the CRC is affine over
 // GF(2), so the ICRC is the exact attempt's XOR a linear function of the 17 bits; the 17
-// bits' contributions at this datagram length are computed (a few hundred word operations)
-// and the 32x17 system is solved, instead of trying 131072 values.
+// bits' contributions at this datagram length are computed and reduced once per length
+// (each thread caches the last few lengths) and the 32x17 system is solved, instead of
+// trying 131072 values. Cost: one CRC pass plus ~0.1 us (measured: 4 KiB, 2.6 us in all).
 //
 // What this costs in strength: the exact check accepts a random corruption with
 // probability 2^-32 and catches every error burst up to 32 bits; the some-ID check accepts
