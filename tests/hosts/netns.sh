@@ -284,6 +284,7 @@ hosts_status() {
     ip netns exec "$ns" nft list table inet "$hosts_fault_table" 2>/dev/null | grep -E ' drop$' |
       sed 's/^[[:space:]]*/  fault: /'
   done
+  return 0
 }
 
 hosts_main() {
