@@ -21,7 +21,7 @@ mapfile -t machine_addrs < <(ip -o addr show | awk '$2 != "lo" { sub(/\/.*/, "",
 
 for x in A B; do
   y=$([[ $x == A ]] && echo B || echo A)
-  own4=$(host_var $x GID4) own6=$(host_var $x IP6) peer4=$(host_var $y GID4) peer6=$(host_var $y IP6)
+  own4=$(host_var $x GID4) own6=$(host_var $x IP6) peer4=$(host_var "$y" GID4) peer6=$(host_var "$y" IP6)
   run in_host $x "$SOFTVERBS" run -- ibv_devinfo -v
   check "host $x: exits 0" '((rc == 0))'
   check "host $x: no crash, no sanitizer report" no_crash

@@ -101,7 +101,7 @@ check "down: no namespace of this pair left" \
   '! ip netns list | grep -qE "^($HOST_A_NS|$HOST_B_NS)( |$)"'
 check "down: the process in A has ended" 'gone $sleeper'
 check "down: no state directory left" '[[ ! -e $hosts_state_root ]]'
-check "down: no veth left in the machine's namespace" "! ip -o link show | grep -q ' $HOSTS_IF[@:]'"
+check "down: no veth left in the machine's namespace" "! ip -o link show | grep -q ' ${HOSTS_IF}[@:]'"
 check "down again succeeds (idempotent)" 'hosts_down'
 
 # The command line, with its own id.

@@ -31,6 +31,7 @@
 # gid_index_of (each described where it is defined).
 
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # HOST_* are for the scripts that source this file
 HOSTS_ID=${HOSTS_ID:-dev}
 HOSTS_MTU=${HOSTS_MTU:-1500}
 HOSTS_NET4=${HOSTS_NET4:-10.77.1}
@@ -114,8 +115,10 @@ hosts_sysctl() {
 # used at once), and the state directories. Returns non-zero, having cleaned up, on failure.
 hosts_up() {
   hosts_down
-  [[ $HOSTS_MTU =~ ^[0-9]+$ ]] && ((HOSTS_MTU >= 1280 && HOSTS_MTU <= 65535)) ||
-    { echo "HOSTS_MTU must be 1280..65535 (IPv6 needs 1280), not '$HOSTS_MTU'" >&2; return 2; }
+  if ! [[ $HOSTS_MTU =~ ^[0-9]+$ ]] || ((HOSTS_MTU < 1280 || HOSTS_MTU > 65535)); then
+    echo "HOSTS_MTU must be 1280..65535 (IPv6 needs 1280), not '$HOSTS_MTU'" >&2
+    return 2
+  fi
   local x ns
   {
     for x in A B; do
@@ -134,7 +137,7 @@ hosts_up() {
       ip -n "$ns" addr add "$(host_var $x IP4)/24" dev "$HOSTS_IF" || return 1
       ip -n "$ns" addr add "$(host_var $x IP6)/64" dev "$HOSTS_IF" nodad || return 1
       ip -n "$ns" link set "$HOSTS_IF" up || return 1
-      mkdir -p -m 0700 "$(host_var $x STATE)" || return 1
+      mkdir -p "$(host_var $x STATE)" && chmod 0700 "$(host_var $x STATE)" || return 1
     done
     hosts_wait_carrier || return 1
   } || { echo "hosts_up failed; removing what was made" >&2; hosts_down; return 1; }
@@ -209,8 +212,10 @@ drop() {
     ip netns exec "$ns" nft delete table inet "$hosts_fault_table" 2>/dev/null
     return 0
   fi
-  [[ $percent =~ ^[0-9]+$ ]] && ((percent >= 1 && percent <= 100)) ||
-    { echo "drop: PERCENT is 1..100" >&2; return 2; }
+  if ! [[ $percent =~ ^[0-9]+$ ]] || ((percent < 1 || percent > 100)); then
+    echo "drop: PERCENT is 1..100" >&2
+    return 2
+  fi
   local chance=()
   ((percent < 100)) && chance=(numgen random mod 100 '<' "$percent")
   ip netns exec "$ns" nft add table inet "$hosts_fault_table" &&

@@ -53,7 +53,7 @@ perftest=0
 gid_option=-g
 ((perftest)) && gid_option=-x
 side_cmd() { # side_cmd HOST INDEX: the command prefix for that side, as an array in $cmd
-  local prefix=HOST_$1[@]
+  local prefix="HOST_$1[@]"
   cmd=("${!prefix}" "$SOFTVERBS" run -- "$prog" -d softverbs0 "$gid_option" "$2" -p "$port" "${options[@]}")
 }
 side_cmd "$srv_host" "$srv_index"
@@ -109,13 +109,13 @@ for side in srv cli; do
 done
 ((perftest)) &&
   check "client reports a result line for $iters iterations" \
-    "side_has cli '^[[:space:]]*[0-9]+[[:space:]]+$iters[[:space:]]+[^[:space:]]'"
+    "side_has cli '^[[:space:]]*[0-9]+[[:space:]]+${iters}[[:space:]]+[^[:space:]]'"
 # On one host the QPN alone names the peer's QP, so the two must differ; on two hosts they may not.
 [[ $srv_host == "$cli_host" ]] && check "server and client QPs have different numbers" distinct_qpns
 check "no crash, no sanitizer report" pair_no_crash
 if [[ $srv_host == "$cli_host" ]]; then
   other=$([[ $srv_host == A ]] && echo B || echo A)
   check "softverbs used host $srv_host's state directory" "[[ -e $(host_var "$srv_host" STATE)/registry ]]"
-  check "... and not host $other's" "[[ ! -e $(host_var $other STATE)/registry ]]"
+  check "... and not host $other's" "[[ ! -e $(host_var "$other" STATE)/registry ]]"
 fi
 finish
