@@ -28,10 +28,8 @@ source "$(dirname "$0")/netns.sh"
 (($# >= 6)) || { echo "usage: $0 SOFTVERBS PORT LIMIT SERVER CLIENT PROG [OPTIONS...]"; exit 2; }
 base_port=$1 PAIR_TIMEOUT=$2 srv_host=${3^^} cli_host=${4^^} prog=$5
 shift 5
-options=("$@") iters=''
-for ((i = 0; i < ${#options[@]} - 1; i++)); do
-  [[ ${options[i]} == -n ]] && iters=${options[i + 1]}
-done
+options=("$@")
+iters=$(iters_of "${options[@]}")
 [[ -n $iters ]] || { echo "give -n ITERS among the options"; exit 2; }
 host_var "$srv_host" NS >/dev/null && host_var "$cli_host" NS >/dev/null || exit 2
 
