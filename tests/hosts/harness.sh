@@ -8,6 +8,9 @@ source "$(dirname "$0")/../interop/lib.sh"
 source "$(dirname "$0")/netns.sh"
 
 why=$(hosts_supported) || { echo "skipped: $why"; exit 77; }
+for tool in ping nft tc; do
+  command -v $tool >/dev/null || { echo "FAIL: no $tool (scripts/bootstrap installs it)"; exit 1; }
+done
 hosts_exit_cleanup
 hosts_up || exit 1
 
