@@ -201,12 +201,20 @@ pair_run() {
   fi
 }
 
+# iters_of ARGS...: the value that follows -n among ARGS (nothing if there is none).
+iters_of() {
+  local i args=("$@")
+  for ((i = 0; i < ${#args[@]} - 1; i++)); do
+    [[ ${args[i]} == -n ]] && { echo "${args[i + 1]}"; return; }
+  done
+}
+
 # pair_program OPTIONS... -- PORT LIMIT PROG [ARGS...]: the whole run of a program script:
 # PROG OPTIONS -p PORT ARGS as server, the same plus 127.0.0.1 as client, each under
 # `softverbs run` and LIMIT seconds. Sets prog, args and iters (the -n value ARGS must give).
 # PAIR_WITHOUT_SOFTVERBS=1 runs both on the real rdma-core instead, to see the checks fail.
 pair_program() {
-  local options=() wrapper=("$SOFTVERBS" run --) i
+  local options=() wrapper=("$SOFTVERBS" run --)
   while (($# > 0)) && [[ $1 != -- ]]; do
     options+=("$1")
     shift
@@ -216,10 +224,8 @@ pair_program() {
   local base_port=$1
   PAIR_TIMEOUT=$2 prog=$3
   shift 3
-  args=("$@") iters=''
-  for ((i = 0; i < ${#args[@]} - 1; i++)); do
-    [[ ${args[i]} == -n ]] && iters=${args[i + 1]}
-  done
+  args=("$@")
+  iters=$(iters_of "${args[@]}")
   [[ -n $iters ]] || { echo "give -n ITERS among the arguments"; exit 2; }
 
   pair_setup "$base_port"
