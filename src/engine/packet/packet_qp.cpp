@@ -29,9 +29,12 @@ uint64_t iov_total(const std::vector<Iov>& sg) {
   return n;
 }
 
-bool slice_iovs(const std::vector<Iov>& sg, uint64_t offset, uint32_t len,
-                std::vector<Iov>& out) {
-  out.clear();
+namespace {
+
+// Calls fn(addr, n) for the pieces of `sg` that hold [offset, offset + len), in order;
+// returns how many of the len bytes `sg` does not reach.
+template <class Fn>
+uint32_t for_each_piece(const std::vector<Iov>& sg, uint64_t offset, uint32_t len, Fn fn) {
   for (const Iov& v : sg) {
     if (len == 0) break;
     if (offset >= v.len) {
@@ -39,27 +42,28 @@ bool slice_iovs(const std::vector<Iov>& sg, uint64_t offset, uint32_t len,
       continue;
     }
     uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(v.len - offset, len));
-    out.push_back({v.addr + offset, take});
+    fn(v.addr + offset, take);
     len -= take;
     offset = 0;
   }
-  return len == 0;
+  return len;
+}
+
+}  // namespace
+
+bool slice_iovs(const std::vector<Iov>& sg, uint64_t offset, uint32_t len,
+                std::vector<Iov>& out) {
+  out.clear();
+  return for_each_piece(sg, offset, len,
+                        [&](uint8_t* p, uint32_t n) { out.push_back({p, n}); }) == 0;
 }
 
 bool scatter(const std::vector<Iov>& sg, uint64_t offset, const uint8_t* src, uint32_t len) {
   if (offset + len > iov_total(sg)) return false;
-  for (const Iov& v : sg) {
-    if (len == 0) break;
-    if (offset >= v.len) {
-      offset -= v.len;
-      continue;
-    }
-    uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(v.len - offset, len));
-    std::memcpy(v.addr + offset, src, take);
-    src += take;
-    len -= take;
-    offset = 0;
-  }
+  for_each_piece(sg, offset, len, [&](uint8_t* p, uint32_t n) {
+    std::memcpy(p, src, n);
+    src += n;
+  });
   return true;
 }
 

@@ -133,11 +133,14 @@ class PacketQp {
   PacketQp(Env& env, QpType type, uint32_t qp_num, bool sq_sig_all = false);
 
   // Applies ibv_modify_qp's attributes (state last). Transition legality is the owner's
-  // business; bad values give EINVAL. Entering ERR flushes both queues.
+  // business; bad values give EINVAL. Entering ERR (here or on a fatal error) flushes both
+  // queues: every send WQE, the receive WQE being filled, and every receive WQE that
+  // take_receive() still hands out (an SRQ-backed owner returns none there). RESET forgets
+  // everything without completions.
   int modify(const ibv_qp_attr& attr, int attr_mask);
   // Queues a send WQE and transmits what the window allows. EINVAL: wrong state (before
   // RTS), an opcode the transport lacks, an atomic without 8 bytes, UD longer than the MTU.
-  // In ERR the WQE completes at once with IBV_WC_WR_FLUSH_ERR.
+  // In ERR or SQE the WQE completes at once with IBV_WC_WR_FLUSH_ERR; in SQD it waits.
   int post_send(SendWqe wqe);
   // One decoded packet addressed to this QP. `grh` (UD only): the 40-byte GRH image the
   // receive buffer starts with (zeros when null).

@@ -80,11 +80,11 @@ int PacketQp::post_send(SendWqe wqe) {
   e.length = static_cast<uint32_t>(length);
   e.npkts = is_atomic(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
   e.wr = std::move(wqe);
-  if (state_ == IBV_QPS_ERR) {
+  if (state_ == IBV_QPS_ERR || state_ == IBV_QPS_SQE) {
     complete_send(e, IBV_WC_WR_FLUSH_ERR);
     return 0;
   }
-  if (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD && state_ != IBV_QPS_SQE) return EINVAL;
+  if (state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD) return EINVAL;
   e.first_psn = next_psn_;
   next_psn_ = psn_add(next_psn_, e.npkts);
   sq_.push_back(std::move(e));
