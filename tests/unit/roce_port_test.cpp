@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -146,10 +147,17 @@ uint16_t free_udp_port() {
   return ntohs(a.sin6_port);
 }
 
-std::string temp_state_dir() {
-  char dir[] = "/tmp/softverbs-roce-port-XXXXXX";
-  return mkdtemp(dir) ? dir : "/tmp";
-}
+struct TempStateDir {
+  std::string path;
+  TempStateDir() {
+    char dir[] = "/tmp/softverbs-roce-port-XXXXXX";
+    if (mkdtemp(dir)) path = dir;
+  }
+  ~TempStateDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+};
 
 // Sends a datagram to (addr, port) from a plain socket, as a remote peer would.
 void send_plain(const IpAddress& to, uint16_t port, const std::vector<uint8_t>& bytes) {
@@ -188,7 +196,8 @@ struct Inbox {
 TEST(RocePort, ItsOwnQpsDatagramsArriveWithTheirAddresses) {
   const uint16_t udp_port = free_udp_port();
   Inbox inbox;
-  Port port({udp_port, 7, temp_state_dir()}, [&](const Datagram& d) { inbox.take(d); }, nullptr);
+  TempStateDir dir;
+  Port port({udp_port, 7, dir.path}, [&](const Datagram& d) { inbox.take(d); }, nullptr);
   ASSERT_EQ(port.acquire(), 0);
   EXPECT_EQ(port.acquire(), 0) << "a second user shares the open port";
   ASSERT_TRUE(port.wait_rerouted(2000ms));
@@ -238,7 +247,8 @@ TEST(RocePort, ItsOwnQpsDatagramsArriveWithTheirAddresses) {
 
 TEST(RocePort, TimersFireInOrderAndCancelledOnesDoNot) {
   Inbox inbox;
-  Port port({free_udp_port(), 3, temp_state_dir()}, nullptr, [&](uint64_t id) {
+  TempStateDir dir;
+  Port port({free_udp_port(), 3, dir.path}, nullptr, [&](uint64_t id) {
     std::lock_guard<std::mutex> lock(inbox.mu);
     inbox.timers.push_back(id);
   });
@@ -306,7 +316,8 @@ bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds lim
 
 TEST(RocePort, KillingTheMiddleProcessLeavesTheOthersTheirDatagrams) {
   const uint16_t udp_port = free_udp_port();
-  const std::string dir = temp_state_dir();
+  const TempStateDir state;
+  const std::string dir = state.path;
   auto* g = new (mmap(nullptr, sizeof(Group), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                       -1, 0)) Group;
   const int slots[3] = {11, 12, 13};

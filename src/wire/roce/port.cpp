@@ -269,7 +269,6 @@ int Port::acquire() {
         !from_sockaddr(local, len, ignored, sender_ports_[i]))
       return fail(errno ? errno : EINVAL);
   }
-  if (fcntl(fd_senders_[0], F_SETFL, O_NONBLOCK) != 0) return fail(errno);  // probe answers
 
   fd_forward_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);  // receives with MSG_DONTWAIT
   if (fd_forward_ < 0) return fail(errno);

@@ -115,6 +115,7 @@ class Port {
 
   // Timers, on the port's thread: on_timer(id) once at `when` (or soon after). Scheduling
   // an id that is pending moves it. Any thread; they fire only while the port is open.
+  // Ids with the top bit set are the port's own.
   void schedule(uint64_t timer_id, Clock::time_point when);
   bool cancel(uint64_t timer_id);  // false when it was not pending
 
