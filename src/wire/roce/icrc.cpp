@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cstring>
+#include <memory>
 
 namespace softverbs::wire::roce {
 namespace {
@@ -187,8 +188,11 @@ struct IdSolver {
 // Building a solver costs about as much as the CRC of a 4 KiB packet, and a peer like rxe
 // sends every packet with a nonzero ID, so each thread keeps the solvers of the last few
 // lengths (a stream mostly has a handful: full MTUs, ACKs, its last packets).
+// On the heap, behind one pointer: libibverbs is loaded with dlopen (python, for one), and
+// glibc has only a little static TLS to spare for such a library.
 const IdSolver& solver_for(size_t len) {
-  thread_local IdSolver cache[8];
+  thread_local std::unique_ptr<IdSolver[]> cache;
+  if (!cache) cache = std::make_unique<IdSolver[]>(8);
   IdSolver& slot = cache[(len / 4) % 8];  // valid datagrams are multiples of 4
   if (slot.len != len) slot.build(len);
   return slot;
