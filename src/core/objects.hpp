@@ -139,6 +139,8 @@ struct Cq {
   std::atomic<const wire::WindowSlot*> solo_slots{nullptr};
   std::atomic<const std::atomic<uint64_t>*> solo_head{nullptr};
   std::atomic<bool> in_error{false};
+  // Fed by a QP on the wire (RoCE v2): an empty poll receives from the port (engine/roce.hpp).
+  std::atomic<bool> roce_fed{false};
   bool destroying = false;       // under produce_mu
   std::atomic<int> users{0};     // QPs feeding it
   // Events handed out by ibv_get_cq_event / ibv_get_async_event (under ibv.mutex).

@@ -13,11 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <string>
 #include <mutex>
 #include <shared_mutex>
 #include <utility>
@@ -30,6 +32,7 @@
 #include "engine/packet/packet_qp.hpp"
 #include "wire/roce/icrc.hpp"
 #include "wire/roce/packet.hpp"
+#include "wire/roce/pcap.hpp"
 #include "wire/roce/port.hpp"
 #include "wire/router.hpp"
 #include "wire/transport.hpp"
@@ -82,6 +85,29 @@ ibv_gid gid_of(const rw::IpAddress& a) {
 packet::QpType packet_type(ibv_qp_type t) {
   return t == IBV_QPT_UD ? packet::QpType::kUd
                          : t == IBV_QPT_UC ? packet::QpType::kUc : packet::QpType::kRc;
+}
+
+// SOFTVERBS_TRACE=FILE (`softverbs trace -w FILE`): every RoCE v2 datagram this process
+// sends or receives, as a pcap file. The process whose pid is SOFTVERBS_TRACE_OWNER (the one
+// the wrapper exec'ed) writes FILE, any other FILE.PID; nullptr when not tracing.
+rw::PcapWriter* trace() {
+  static rw::PcapWriter* writer = []() -> rw::PcapWriter* {
+    const char* file = std::getenv("SOFTVERBS_TRACE");
+    if (!file || !*file) return nullptr;
+    std::string path = file;
+    const char* owner = std::getenv("SOFTVERBS_TRACE_OWNER");
+    if (!owner || std::atol(owner) != static_cast<long>(getpid()))
+      path += "." + std::to_string(getpid());
+    auto* w = new rw::PcapWriter;  // immortal: the port's thread writes until exit
+    if (!w->open(path.c_str())) {
+      std::fprintf(stderr, "softverbs: cannot write the trace %s: %s\n", path.c_str(),
+                   std::strerror(errno));
+      delete w;
+      return nullptr;
+    }
+    return w;
+  }();
+  return writer;
 }
 
 void on_datagram(const rw::Datagram& d);
@@ -145,6 +171,7 @@ struct RoceLink final : packet::Env {
     rw::IpAddress src = rw::IpAddress::from_gid(s.raw);
     rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(flow));
     rw::icrc_fill(ctx, buf, off);
+    if (rw::PcapWriter* t = trace()) t->write(ctx, buf, off);
     port().send(rw::IpAddress::from_gid(d.raw), buf, off, flow, &src);
   }
 
@@ -241,11 +268,20 @@ void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
 }
 
 void on_datagram(const rw::Datagram& d) {
-  rw::Packet pkt;
-  if (rw::decode_checked(d.data, d.size, &pkt) != rw::DecodeError::kOk) return;
   rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.src.bytes.data(), d.dst.bytes.data(),
                                                    d.src_port, roce_udp_port());
-  if (!rw::icrc_check(ctx, d.data, d.size).ok()) return;  // never executed
+  rw::Packet pkt;
+  bool decoded = rw::decode_checked(d.data, d.size, &pkt) == rw::DecodeError::kOk;
+  rw::IcrcCheck icrc = decoded ? rw::icrc_check(ctx, d.data, d.size) : rw::IcrcCheck{};
+  if (rw::PcapWriter* t = trace()) {
+    // With the sender's IPv4 ID where the check found it, so the frame's ICRC holds.
+    if (icrc.ok()) {
+      ctx.ipv4_id = icrc.ipv4_id;
+      ctx.ipv4_df = icrc.ipv4_df;
+    }
+    t->write(ctx, d.data, d.size);
+  }
+  if (!decoded || !icrc.ok()) return;  // malformed or damaged: never executed
   wire::QpRef qp = wire::find_local(pkt.dest_qp);
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
@@ -309,6 +345,8 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
       link->pq.modify(init, IBV_QP_STATE | IBV_QP_QKEY);
     }
     qp->roce.store(link, std::memory_order_release);
+    qp->send_cq->roce_fed.store(true, std::memory_order_relaxed);
+    qp->recv_cq->roce_fed.store(true, std::memory_order_relaxed);
   }
   ibv_qp_attr a = attr;
   {
@@ -388,6 +426,8 @@ bool roce_post(Qp* qp, SendWqe& w) {
   if (err) return complete(qp, w, {Outcome::Error, fault_rule(Fault::LocalLength).requester_status}, st);
   return true;
 }
+
+bool roce_poll() { return port().poll() > 0; }
 
 size_t roce_in_flight(Qp* qp) {
   RoceLink* link = qp->roce.load(std::memory_order_acquire);

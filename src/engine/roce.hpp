@@ -22,6 +22,9 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask);
 bool roce_post(Qp* qp, SendWqe& w);
 // Send WQEs the link holds (sent, not yet completed): they count against max_send_wr.
 size_t roce_in_flight(Qp* qp);
+// ibv_poll_cq on an empty CQ that QPs on the wire feed: receives what waits on the port
+// now, on the caller's thread. True when something was received.
+bool roce_poll();
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more).
 void roce_destroy(Qp* qp);
 

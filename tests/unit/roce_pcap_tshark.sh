@@ -3,16 +3,25 @@
 # packet per opcode) must dissect as InfiniBand with its BTH opcode, with no malformed
 # packet and no expert error. Wireshark (4.0) shows the ICRC but does not verify it, so the
 # ICRCs are checked here too, by an independent python/zlib implementation of the masking.
-# Usage: roce_pcap_tshark.sh SAMPLE_PROGRAM. Exit 77 (skip) without tshark.
+# Usage: roce_pcap_tshark.sh SAMPLE_PROGRAM, or roce_pcap_tshark.sh --pcap FILE to check a
+# capture made elsewhere (`softverbs trace`; tests/hosts/trace.sh). Exit 77 (skip) without
+# tshark. Wireshark's RPC-over-RDMA heuristic takes short SEND payloads for RPC and calls
+# them malformed whatever the headers: it is switched off (--disable-protocol rpcordma).
 set -euo pipefail
-sample=$1
 command -v tshark >/dev/null || { echo "tshark not installed: skipped"; exit 77; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export HOME=$dir  # tshark wants a writable profile directory
-pcap=$dir/roce.pcap
-frames=$("$sample" "$pcap")
 fail() { echo "FAIL: $*"; exit 1; }
+tshark() { command tshark --disable-protocol rpcordma "$@"; }
+if [[ $1 == --pcap ]]; then
+  pcap=$2
+  frames=$(tshark -r "$pcap" -n 2>/dev/null | wc -l)
+  ((frames > 0)) || fail "no frames in $pcap"
+else
+  pcap=$dir/roce.pcap
+  frames=$("$1" "$pcap")
+fi
 
 tshark -r "$pcap" -n -T fields -E separator='|' \
   -e frame.number -e frame.protocols -e infiniband.bth.opcode -e _ws.malformed \

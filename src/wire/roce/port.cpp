@@ -517,6 +517,18 @@ void Port::request_reroute() {
 }
 
 void Port::handle_group() {
+  std::lock_guard<std::mutex> lock(group_mu_);
+  receive_group_locked(false);
+}
+
+int Port::poll() {
+  std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
+  return receive_group_locked(true);
+}
+
+int Port::receive_group_locked(bool once) {
+  int total = 0;
   sockaddr_storage from[kBatch];
   iovec iov[kBatch];
   alignas(cmsghdr) uint8_t control[kBatch][kControlBytes];
@@ -533,7 +545,8 @@ void Port::handle_group() {
       msgs[i].msg_hdr.msg_controllen = kControlBytes;
     }
     const int n = recvmmsg(fd_group_, msgs, kBatch, MSG_DONTWAIT, nullptr);
-    if (n <= 0) return;
+    if (n <= 0) return total;
+    total += n;
     for (int i = 0; i < n; ++i) {
       Datagram d;
       d.data = static_cast<const uint8_t*>(iov[i].iov_base);
@@ -547,7 +560,7 @@ void Port::handle_group() {
       read_control(msgs[i].msg_hdr, d);
       route(d);
     }
-    if (n < kBatch) return;
+    if (n < kBatch || once) return total;
   }
 }
 

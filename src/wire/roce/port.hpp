@@ -113,6 +113,11 @@ class Port {
   // The UDP source port that datagrams of `flow` carry (a kernel-chosen ephemeral port).
   uint16_t source_port(uint32_t flow) const;
 
+  // Receives and hands on what is waiting on the port now, on the caller's thread (an
+  // application polling its CQ: its packets then need no wake-up of the port's thread, nor
+  // a CPU for it). 0 when nothing was waiting or the port's thread is receiving already.
+  int poll();
+
   // Timers, on the port's thread: on_timer(id) once at `when` (or soon after). Scheduling
   // an id that is pending moves it. Any thread; they fire only while the port is open.
   // Ids with the top bit set are the port's own.
@@ -132,6 +137,7 @@ class Port {
   void close_fds();
   void loop();
   void handle_group();
+  int receive_group_locked(bool once);  // caller holds group_mu_
   void handle_forwarded();
   void handle_answers();
   void handle_timers();
@@ -187,6 +193,9 @@ class Port {
   uint64_t reroute_ticket_ = 0;  // the round wait_rerouted waits for
   std::condition_variable rounds_cv_;
 
+  // Whoever receives from the group socket (the port's thread, or poll()) holds this: the
+  // receive buffers, forwarding and the datagram handler are one receiver's at a time.
+  std::mutex group_mu_;
   std::vector<uint8_t> rx_buffers_;
   std::vector<Clock::time_point> forward_congested_until_;  // by slot
 
