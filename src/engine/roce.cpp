@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <string>
 #include <mutex>
 #include <shared_mutex>
@@ -113,6 +114,22 @@ rw::PcapWriter* trace() {
 void on_datagram(const rw::Datagram& d);
 void on_timer(uint64_t qpn);
 
+// The datagrams one call into a link produces (a burst of a message's packets, an ACK and
+// a READ response...), sent with one sendmmsg when the call ends. Per thread, on the heap
+// (a dlopen'ed library has little static TLS), so a link costs no buffer of its own.
+struct OutBatch {
+  static constexpr size_t kMax = 32;
+  uint8_t bufs[kMax][kMaxDatagram];
+  rw::OutDatagram out[kMax];
+  rw::IpAddress src[kMax];
+  size_t n = 0;
+};
+OutBatch& out_batch() {
+  thread_local std::unique_ptr<OutBatch> batch;
+  if (!batch) batch = std::make_unique<OutBatch>();
+  return *batch;
+}
+
 uint16_t roce_udp_port() {
   // Tests on one machine may move the whole RoCE v2 wire to another port.
   if (const char* p = std::getenv("SOFTVERBS_ROCE_PORT"); p && *p) return uint16_t(std::atoi(p));
@@ -157,9 +174,11 @@ struct RoceLink final : packet::Env {
       std::tie(s, d) = ud_dest.front();
       ud_dest.pop_front();
     }
-    uint8_t buf[kMaxDatagram];
-    size_t off = rw::encode_headers(pkt, pkt.payload_len, buf, sizeof(buf));
-    if (!off || off + pkt.payload_len + 3 + rw::kIcrcBytes > sizeof(buf)) return;
+    OutBatch& batch = out_batch();
+    if (batch.n == OutBatch::kMax) flush();
+    uint8_t* buf = batch.bufs[batch.n];
+    size_t off = rw::encode_headers(pkt, pkt.payload_len, buf, kMaxDatagram);
+    if (!off || off + pkt.payload_len + 3 + rw::kIcrcBytes > kMaxDatagram) return;
     for (const packet::Iov& v : payload) {
       std::memcpy(buf + off, v.addr, v.len);
       off += v.len;
@@ -172,7 +191,17 @@ struct RoceLink final : packet::Env {
     rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(flow));
     rw::icrc_fill(ctx, buf, off);
     if (rw::PcapWriter* t = trace()) t->write(ctx, buf, off);
-    port().send(rw::IpAddress::from_gid(d.raw), buf, off, flow, &src);
+    batch.src[batch.n] = src;
+    batch.out[batch.n] = {rw::IpAddress::from_gid(d.raw), flow, buf, off, &batch.src[batch.n]};
+    ++batch.n;
+  }
+
+  // Sends what this thread's calls into links produced. Called at the end of every call into
+  // pq (link mu held: a QP's packets leave in order).
+  static void flush() {
+    OutBatch& batch = out_batch();
+    if (batch.n) port().send_batch(batch.out, batch.n);
+    batch.n = 0;
   }
 
   uint64_t now_ns() override { return now_ns_steady(); }
@@ -255,7 +284,9 @@ struct RoceLink final : packet::Env {
 
   // After any call into pq (link mu held): a QP whose protocol failed moves to ERR as a
   // whole, with what the verbs layer holds flushed too.
+  // ... and sends what the call produced.
   void sync_error() {
+    flush();
     if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR) set_error(qp, -1);
   }
 };

@@ -341,6 +341,40 @@ void Port::release() {
 
 // ---- sending -----------------------------------------------------------------------------
 
+namespace {
+
+// Room for one source-address control message (IPV6_PKTINFO is the larger).
+constexpr size_t kSourceControlBytes = CMSG_SPACE(sizeof(in6_pktinfo));
+
+// Puts the source address into msg as a control message (in `control`): IP_PKTINFO for IPv4
+// (also on a dual-stack socket sending to a v4-mapped address), IPV6_PKTINFO for IPv6.
+// Loopback needs none: the kernel picks it for a loopback destination.
+void set_source(msghdr& msg, char (&control)[kSourceControlBytes], const IpAddress* src) {
+  if (!src || src->is_loopback()) return;
+  std::memset(control, 0, sizeof control);
+  msg.msg_control = control;
+  cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
+  if (src->is_v4()) {
+    in_pktinfo info{};
+    info.ipi_spec_dst.s_addr = src->v4_network_order();
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof(info));
+    std::memcpy(CMSG_DATA(c), &info, sizeof(info));
+    msg.msg_controllen = CMSG_SPACE(sizeof(info));
+  } else {
+    in6_pktinfo info{};
+    std::memcpy(&info.ipi6_addr, src->bytes.data(), 16);
+    c->cmsg_level = IPPROTO_IPV6;
+    c->cmsg_type = IPV6_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof(info));
+    std::memcpy(CMSG_DATA(c), &info, sizeof(info));
+    msg.msg_controllen = CMSG_SPACE(sizeof(info));
+  }
+}
+
+}  // namespace
+
 int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size,
                     const IpAddress* src) {
   sockaddr_storage to;
@@ -352,30 +386,8 @@ int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size,
   msg.msg_namelen = len;
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  // The source address as a control message: IP_PKTINFO for IPv4 (also on a dual-stack
-  // socket sending to a v4-mapped address), IPV6_PKTINFO for IPv6.
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
-  if (src && !src->is_loopback()) {
-    msg.msg_control = control;
-    cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
-    if (src->is_v4()) {
-      in_pktinfo info{};
-      info.ipi_spec_dst.s_addr = src->v4_network_order();
-      c->cmsg_level = IPPROTO_IP;
-      c->cmsg_type = IP_PKTINFO;
-      c->cmsg_len = CMSG_LEN(sizeof(info));
-      std::memcpy(CMSG_DATA(c), &info, sizeof(info));
-      msg.msg_controllen = CMSG_SPACE(sizeof(info));
-    } else {
-      in6_pktinfo info{};
-      std::memcpy(&info.ipi6_addr, src->bytes.data(), 16);
-      c->cmsg_level = IPPROTO_IPV6;
-      c->cmsg_type = IPV6_PKTINFO;
-      c->cmsg_len = CMSG_LEN(sizeof(info));
-      std::memcpy(CMSG_DATA(c), &info, sizeof(info));
-      msg.msg_controllen = CMSG_SPACE(sizeof(info));
-    }
-  }
+  alignas(cmsghdr) char control[kSourceControlBytes];
+  set_source(msg, control, src);
   if (sendmsg(fd, &msg, 0) < 0) return -errno;
   return 0;
 }
@@ -392,6 +404,7 @@ int Port::send_batch(const OutDatagram* datagrams, size_t count) {
   sockaddr_storage to[kChunk];
   iovec iov[kChunk];
   mmsghdr msgs[kChunk];
+  alignas(cmsghdr) char control[kChunk][kSourceControlBytes];
   size_t done = 0;
   while (done < count) {
     // One sendmmsg per run of datagrams that leave from the same socket, in order.
@@ -409,6 +422,7 @@ int Port::send_batch(const OutDatagram* datagrams, size_t count) {
       msgs[n].msg_hdr.msg_namelen = len;
       msgs[n].msg_hdr.msg_iov = &iov[n];
       msgs[n].msg_hdr.msg_iovlen = 1;
+      set_source(msgs[n].msg_hdr, control[n], d.src);
       ++n;
     }
     if (n == 0) return done ? int(done) : -EAFNOSUPPORT;

@@ -66,6 +66,7 @@ struct OutDatagram {
   uint32_t flow = 0;  // entropy: picks the source socket (and so the UDP source port)
   const void* data = nullptr;
   size_t size = 0;
+  const IpAddress* src = nullptr;  // the source address to carry (see send), or the kernel's
 };
 
 struct PortConfig {
