@@ -115,15 +115,33 @@ void on_datagram(const rw::Datagram& d);
 void on_timer(uint64_t qpn);
 
 // The datagrams one call into a link produces (a burst of a message's packets, an ACK and
-// a READ response...), sent with one sendmmsg when the call ends. Per thread, on the heap
-// (a dlopen'ed library has little static TLS), so a link costs no buffer of its own.
+// a READ response...), sent with one sendmmsg when the call ends. Back-to-back packets of
+// one size to one destination (a message's MIDDLE packets) form a group that leaves as one
+// UDP GSO send (UDP_SEGMENT): the kernel cuts it into datagrams, each with its own IP and
+// UDP header and, over IPv4, IDs counting up from 0, which is what each packet's ICRC is
+// computed with (checked on the wire by hosts.gso). Per thread, on the heap (a dlopen'ed
+// library has little static TLS), so a link costs no buffer of its own.
 struct OutBatch {
-  static constexpr size_t kMax = 32;
-  uint8_t bufs[kMax][kMaxDatagram];
-  rw::OutDatagram out[kMax];
-  rw::IpAddress src[kMax];
+  static constexpr size_t kMaxGroups = 32;
+  static constexpr uint32_t kMaxSegments = 64;  // the kernel's UDP_MAX_SEGMENTS
+  static constexpr size_t kMaxGroupBytes = 60000;  // a GSO send is one IP datagram at first
+  static constexpr size_t kBytes = kMaxGroups * kMaxGroupBytes;
+  uint8_t data[kBytes];
+  size_t used = 0;
+  rw::OutDatagram out[kMaxGroups];
+  rw::IpAddress src[kMaxGroups];
+  uint32_t segments[kMaxGroups];  // packets in each group
+  bool closed[kMaxGroups];         // a shorter last packet ends a group
   size_t n = 0;
 };
+// SOFTVERBS_NO_GSO=1: one datagram per send (for comparisons, and kernels without it).
+bool gso_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SOFTVERBS_NO_GSO");
+    return !(v && *v && *v != '0');
+  }();
+  return on;
+}
 OutBatch& out_batch() {
   thread_local std::unique_ptr<OutBatch> batch;
   if (!batch) batch = std::make_unique<OutBatch>();
@@ -175,8 +193,8 @@ struct RoceLink final : packet::Env {
       ud_dest.pop_front();
     }
     OutBatch& batch = out_batch();
-    if (batch.n == OutBatch::kMax) flush();
-    uint8_t* buf = batch.bufs[batch.n];
+    if (batch.used + kMaxDatagram > OutBatch::kBytes || batch.n == OutBatch::kMaxGroups) flush();
+    uint8_t* buf = batch.data + batch.used;
     size_t off = rw::encode_headers(pkt, pkt.payload_len, buf, kMaxDatagram);
     if (!off || off + pkt.payload_len + 3 + rw::kIcrcBytes > kMaxDatagram) return;
     for (const packet::Iov& v : payload) {
@@ -188,12 +206,39 @@ struct RoceLink final : packet::Env {
     off += pad + rw::kIcrcBytes;
     uint32_t flow = qp->qpn();  // one source socket per QP keeps its packets in order
     rw::IpAddress src = rw::IpAddress::from_gid(s.raw);
+    rw::IpAddress dst = rw::IpAddress::from_gid(d.raw);
+    // Joins the last group when it goes the same way and this packet is no longer than its
+    // packets; else it starts a group of its own.
+    size_t g = batch.n;
+    if (gso_enabled() && batch.n > 0) {
+      size_t last = batch.n - 1;
+      const rw::OutDatagram& o = batch.out[last];
+      uint32_t seg = batch.segments[last] == 1 ? static_cast<uint32_t>(o.size) : o.segment;
+      if (!batch.closed[last] && o.dst == dst && batch.src[last] == src && o.flow == flow &&
+          off <= seg && batch.segments[last] < OutBatch::kMaxSegments &&
+          o.size + off <= OutBatch::kMaxGroupBytes &&
+          static_cast<const uint8_t*>(o.data) + o.size == buf)
+        g = last;
+    }
+    uint16_t ipv4_id = g == batch.n ? 0 : static_cast<uint16_t>(batch.segments[g]);
     rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(flow));
+    ctx.ipv4_id = ipv4_id;  // its place in the GSO group: the kernel numbers them so
     rw::icrc_fill(ctx, buf, off);
     if (rw::PcapWriter* t = trace()) t->write(ctx, buf, off);
-    batch.src[batch.n] = src;
-    batch.out[batch.n] = {rw::IpAddress::from_gid(d.raw), flow, buf, off, &batch.src[batch.n]};
-    ++batch.n;
+    batch.used += off;
+    if (g == batch.n) {
+      batch.src[g] = src;
+      batch.out[g] = {dst, flow, buf, off, &batch.src[g]};
+      batch.segments[g] = 1;
+      batch.closed[g] = false;
+      ++batch.n;
+    } else {
+      rw::OutDatagram& o = batch.out[g];
+      if (batch.segments[g] == 1) o.segment = static_cast<uint16_t>(o.size);
+      if (off < o.segment) batch.closed[g] = true;
+      o.size += off;
+      ++batch.segments[g];
+    }
   }
 
   // Sends what this thread's calls into links produced. Called at the end of every call into
@@ -202,6 +247,7 @@ struct RoceLink final : packet::Env {
     OutBatch& batch = out_batch();
     if (batch.n) port().send_batch(batch.out, batch.n);
     batch.n = 0;
+    batch.used = 0;
   }
 
   uint64_t now_ns() override { return now_ns_steady(); }
@@ -459,6 +505,8 @@ bool roce_post(Qp* qp, SendWqe& w) {
 }
 
 bool roce_poll() { return port().poll() > 0; }
+
+void roce_poll_stop() { port().poll_stop(); }
 
 size_t roce_in_flight(Qp* qp) {
   RoceLink* link = qp->roce.load(std::memory_order_acquire);

@@ -25,6 +25,8 @@ size_t roce_in_flight(Qp* qp);
 // ibv_poll_cq on an empty CQ that QPs on the wire feed: receives what waits on the port
 // now, on the caller's thread. True when something was received.
 bool roce_poll();
+// The application arms such a CQ (it will sleep until an event): stop relying on its polls.
+void roce_poll_stop();
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more).
 void roce_destroy(Qp* qp);
 

@@ -200,6 +200,8 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
 }
 
 int req_notify_cq(Cq* cq, int solicited_only) {
+  // About to sleep until an event: the port's thread must receive the wire's packets again.
+  if (cq->roce_fed.load(std::memory_order_relaxed)) engine::roce_poll_stop();
   std::lock_guard<SpinLock> lock(cq->produce_mu);
   if (cq->in_error.load()) return EINVAL;
   int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;

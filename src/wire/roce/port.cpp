@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -292,7 +293,9 @@ int Port::acquire() {
                                               {fd_wake_, kTagWake}};
   for (auto [fd, tag] : watched) {
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    // The group socket is one-shot: re-armed after each wake-up unless an application
+    // polls it itself (rearm_group).
+    ev.events = tag == kTagGroup ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
     ev.data.u32 = tag;
     if (epoll_ctl(fd_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
   }
@@ -343,15 +346,21 @@ void Port::release() {
 
 namespace {
 
-// Room for one source-address control message (IPV6_PKTINFO is the larger).
-constexpr size_t kSourceControlBytes = CMSG_SPACE(sizeof(in6_pktinfo));
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Room for a source-address control message (IPV6_PKTINFO is the larger) and a UDP_SEGMENT.
+constexpr size_t kSourceControlBytes = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(uint16_t));
 
 // Puts the source address into msg as a control message (in `control`): IP_PKTINFO for IPv4
 // (also on a dual-stack socket sending to a v4-mapped address), IPV6_PKTINFO for IPv6.
 // Loopback needs none: the kernel picks it for a loopback destination.
 void set_source(msghdr& msg, char (&control)[kSourceControlBytes], const IpAddress* src) {
-  if (!src || src->is_loopback()) return;
   std::memset(control, 0, sizeof control);
+  if (!src || src->is_loopback()) return;
   msg.msg_control = control;
   cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
   if (src->is_v4()) {
@@ -423,6 +432,17 @@ int Port::send_batch(const OutDatagram* datagrams, size_t count) {
       msgs[n].msg_hdr.msg_iov = &iov[n];
       msgs[n].msg_hdr.msg_iovlen = 1;
       set_source(msgs[n].msg_hdr, control[n], d.src);
+      if (d.segment && d.size > d.segment) {
+        // After the source address (if any): the GSO segment size.
+        msghdr& h = msgs[n].msg_hdr;
+        h.msg_control = control[n];
+        cmsghdr* c = reinterpret_cast<cmsghdr*>(control[n] + h.msg_controllen);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        std::memcpy(CMSG_DATA(c), &d.segment, sizeof(uint16_t));
+        h.msg_controllen += CMSG_SPACE(sizeof(uint16_t));
+      }
       ++n;
     }
     if (n == 0) return done ? int(done) : -EAFNOSUPPORT;
@@ -441,6 +461,13 @@ uint16_t Port::source_port(uint32_t flow) const { return sender_ports_[flow % kS
 // Caller holds timer_mu_.
 void Port::arm_timerfd() {
   if (fd_timer_ < 0) return;
+  // A deadline later than the one the timerfd is set for needs no system call: the timer
+  // fires early, and handle_timers sets it for what is due next (moved retransmit timers,
+  // one per ACK, are the common case).
+  if (!timer_queue_.empty() && timerfd_at_ != Clock::time_point::max() &&
+      timer_queue_.begin()->first >= timerfd_at_)
+    return;
+  timerfd_at_ = timer_queue_.empty() ? Clock::time_point::max() : timer_queue_.begin()->first;
   itimerspec spec{};
   if (!timer_queue_.empty()) {
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -481,6 +508,7 @@ void Port::handle_timers() {
   std::vector<uint64_t> due;
   {
     std::lock_guard<std::mutex> lock(timer_mu_);
+    timerfd_at_ = Clock::time_point::max();  // it fired: set it again below
     const auto now = Clock::now();
     while (!timer_queue_.empty() && timer_queue_.begin()->first <= now) {
       due.push_back(timer_queue_.begin()->second);
@@ -492,6 +520,9 @@ void Port::handle_timers() {
   for (uint64_t id : due) {
     if (id == kRoundRetry) start_round();
     else if (id == kRoundDeadline) finish_round_if_done(true);
+    else if (id == kGroupRecheck) {
+      if (group_parked_.load(std::memory_order_acquire)) rearm_group();
+    }
     else if (on_timer_) on_timer_(id);
   }
 }
@@ -504,7 +535,10 @@ void Port::loop() {
     const int n = epoll_wait(fd_epoll_, events, 8, -1);
     for (int i = 0; i < n && !stop_.load(); ++i) {
       switch (events[i].data.u32) {
-        case kTagGroup: handle_group(); break;
+        case kTagGroup:
+          handle_group();
+          rearm_group();
+          break;
         case kTagForward: handle_forwarded(); break;
         case kTagAnswers: handle_answers(); break;
         case kTagTimer: handle_timers(); break;
@@ -518,6 +552,34 @@ void Port::handle_commands() {
   uint64_t count;
   (void)!read(fd_wake_, &count, sizeof count);
   if (round_wanted_.exchange(false)) start_round();
+  if (group_parked_.load(std::memory_order_acquire)) rearm_group();
+}
+
+void Port::poll_stop() {
+  app_polled_ns_.store(0, std::memory_order_relaxed);
+  // The thread left the socket to the application: it must take it back now.
+  if (group_parked_.load(std::memory_order_acquire) && fd_wake_ >= 0) {
+    uint64_t one = 1;
+    (void)!write(fd_wake_, &one, sizeof one);
+  }
+}
+
+// After a wake-up on the group socket (one-shot): while an application polls the socket
+// itself, waking this thread for its packets would only take the CPU from it, so the socket
+// stays parked and the thread looks again after kAppPollGrace; otherwise it is re-armed.
+void Port::rearm_group() {
+  const int64_t polled = app_polled_ns_.load(std::memory_order_relaxed);
+  const int64_t grace = std::chrono::nanoseconds(kAppPollGrace).count();
+  if (polled != 0 && steady_ns() - polled < grace) {
+    group_parked_.store(true, std::memory_order_release);
+    schedule(kGroupRecheck, Clock::now() + kAppPollGrace);
+    return;
+  }
+  group_parked_.store(false, std::memory_order_release);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u32 = kTagGroup;
+  epoll_ctl(fd_epoll_, EPOLL_CTL_MOD, fd_group_, &ev);
 }
 
 void Port::request_reroute() {
@@ -536,6 +598,7 @@ void Port::handle_group() {
 }
 
 int Port::poll() {
+  app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
   return receive_group_locked(true);

@@ -67,6 +67,9 @@ struct OutDatagram {
   const void* data = nullptr;
   size_t size = 0;
   const IpAddress* src = nullptr;  // the source address to carry (see send), or the kernel's
+  // Nonzero: `data` is several datagrams of this size back to back (the last may be
+  // shorter), sent as one UDP GSO send (UDP_SEGMENT) that the kernel cuts up.
+  uint16_t segment = 0;
 };
 
 struct PortConfig {
@@ -118,6 +121,9 @@ class Port {
   // application polling its CQ: its packets then need no wake-up of the port's thread, nor
   // a CPU for it). 0 when nothing was waiting or the port's thread is receiving already.
   int poll();
+  // The application stops polling (it is about to sleep until a completion event): the
+  // port's thread receives again at once.
+  void poll_stop();
 
   // Timers, on the port's thread: on_timer(id) once at `when` (or soon after). Scheduling
   // an id that is pending moves it. Any thread; they fire only while the port is open.
@@ -139,6 +145,7 @@ class Port {
   void loop();
   void handle_group();
   int receive_group_locked(bool once);  // caller holds group_mu_
+  void rearm_group();  // the port's thread, after a wake-up on the group socket
   void handle_forwarded();
   void handle_answers();
   void handle_timers();
@@ -180,6 +187,7 @@ class Port {
   mutable std::mutex timer_mu_;
   std::set<std::pair<Clock::time_point, uint64_t>> timer_queue_;
   std::map<uint64_t, Clock::time_point> timer_when_;
+  Clock::time_point timerfd_at_ = Clock::time_point::max();  // what the timerfd is set for
 
   // Probe rounds: only the port's thread touches these.
   Round* round_ = nullptr;
@@ -197,6 +205,10 @@ class Port {
   // Whoever receives from the group socket (the port's thread, or poll()) holds this: the
   // receive buffers, forwarding and the datagram handler are one receiver's at a time.
   std::mutex group_mu_;
+  // When an application last polled the group socket itself (steady clock, ns; 0: it
+  // stopped), and whether the port's thread left the socket to it (not armed in epoll).
+  std::atomic<int64_t> app_polled_ns_{0};
+  std::atomic<bool> group_parked_{false};
   std::vector<uint8_t> rx_buffers_;
   std::vector<Clock::time_point> forward_congested_until_;  // by slot
 

@@ -26,6 +26,10 @@ inline constexpr size_t kControlBytes = 128;
 inline constexpr uint64_t kInternalTimer = uint64_t(1) << 63;
 inline constexpr uint64_t kRoundRetry = kInternalTimer | 1;
 inline constexpr uint64_t kRoundDeadline = kInternalTimer | 2;
+inline constexpr uint64_t kGroupRecheck = kInternalTimer | 3;
+// How long after an application's last Port::poll the port's thread leaves the group socket
+// to it (then it looks again, and takes it back once the application stopped polling).
+inline constexpr auto kAppPollGrace = std::chrono::microseconds(200);
 inline constexpr uint32_t kProbesPerStep = 16;
 inline constexpr uint32_t kMaxProbes = kSlots + 64;
 inline constexpr auto kRoundTimeout = std::chrono::milliseconds(50);
