@@ -2,6 +2,7 @@
 // search for the IPv4 Identification and DF bit that a UDP socket hides (see icrc.hpp).
 #include "wire/roce/icrc.hpp"
 
+#include <immintrin.h>
 #include <zlib.h>
 
 #include <bit>
@@ -202,11 +203,74 @@ const IdSolver& solver_for(size_t len) {
 
 }  // namespace
 
+namespace {
+
+// CRC-32 by carry-less multiplication (Intel's "Fast CRC Computation for Generic Polynomials
+// Using PCLMULQDQ"): 64 bytes at a time are folded four 128-bit lanes forward by 512 bits,
+// the lanes into one, then 128 -> 64 -> 32 bits and a Barrett reduction. The constants are
+// x^k mod P(x) for the reflected Ethernet polynomial, as published with that method.
+// `reg` as in crc32_update; n >= 64 and a multiple of 16.
+// x * K folded forward: its low half times K's low, its high half times K's high.
+__attribute__((target("pclmul,sse4.1"))) inline __m128i clmul_fold(__m128i x, __m128i k) {
+  return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
+}
+
+__attribute__((target("pclmul,sse4.1"))) inline __m128i load16(const uint8_t* at) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
+}
+
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, const uint8_t* p,
+                                                                size_t n) {
+  const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);
+  const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
+  const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124);
+  const __m128i poly_mu = _mm_set_epi64x(0x1f7011641, 0x1db710641);
+  const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
+  __m128i x1 = _mm_xor_si128(load16(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
+  __m128i x2 = load16(p + 16), x3 = load16(p + 32), x4 = load16(p + 48);
+  p += 64;
+  n -= 64;
+  for (; n >= 64; n -= 64, p += 64) {
+    x1 = _mm_xor_si128(clmul_fold(x1, k1k2), load16(p));
+    x2 = _mm_xor_si128(clmul_fold(x2, k1k2), load16(p + 16));
+    x3 = _mm_xor_si128(clmul_fold(x3, k1k2), load16(p + 32));
+    x4 = _mm_xor_si128(clmul_fold(x4, k1k2), load16(p + 48));
+  }
+  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x2);
+  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x3);
+  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x4);
+  for (; n >= 16; n -= 16, p += 16) x1 = _mm_xor_si128(clmul_fold(x1, k3k4), load16(p));
+  // 128 -> 64 bits: the low half times k4, into the high half.
+  x1 = _mm_xor_si128(_mm_clmulepi64_si128(k3k4, x1, 0x01), _mm_srli_si128(x1, 8));
+  // 64 -> 32 bits, k5.
+  __m128i high = _mm_srli_si128(x1, 4);
+  x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5, 0x00), high);
+  // Barrett reduction to 32 bits.
+  __m128i t = _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), poly_mu, 0x10);
+  t = _mm_clmulepi64_si128(_mm_and_si128(t, mask32), poly_mu, 0x00);
+  return static_cast<uint32_t>(_mm_extract_epi32(_mm_xor_si128(t, x1), 1));
+}
+
+bool have_clmul() {
+  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  return yes;
+}
+
+}  // namespace
+
 uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
-  // Long runs (payloads) through zlib's CRC-32, the same polynomial and reflection, which
-  // is faster than the tables below (measured on this VM: 3.8 against 2.2 GB/s): zlib's
-  // crc32(c, p, n) is ~crc32_update(~c, p, n).
-  if (n >= 256) return ~static_cast<uint32_t>(::crc32(~reg, data, static_cast<uInt>(n)));
+  // Long runs (payloads) by carry-less multiplication where the CPU has it, else through
+  // zlib's CRC-32 (the same polynomial and reflection: zlib's crc32(c, p, n) is
+  // ~crc32_update(~c, p, n)); both beat the tables below (on this VM: tables 2.2 GB/s,
+  // zlib 3.8).
+  if (n >= 64 && have_clmul()) {
+    size_t bulk = n & ~size_t{15};
+    reg = crc32_clmul(reg, data, bulk);
+    data += bulk;
+    n -= bulk;
+  } else if (n >= 256) {
+    return ~static_cast<uint32_t>(::crc32(~reg, data, static_cast<uInt>(n)));
+  }
   const CrcTables& c = tables();
   for (; n >= 8; n -= 8, data += 8) {
     const uint32_t lo = reg ^ load_le32(data);
