@@ -7,7 +7,7 @@
 INFO_FILE is what `integrity -i` wrote on the server: its QPN, the PSN it expects first,
 its canary MR's rkey and address (an MR no legitimate request touches). Sent from SRC_IP (the
 client's host, so a connected QP's source check passes) to DST_IP:4791, in rounds of:
-  random     random bytes, 0..1500 of them
+  random     random bytes, 0..1472 of them (the veth MTU less IPv4 and UDP)
   truncated  a well-formed request cut short (0 .. length-1 bytes)
   bad_icrc   well-formed requests to the server's QP and canary (WRITE, SEND, FETCH_ADD,
              CMP_SWAP, READ) at PSNs where the live traffic is, with an ICRC that is wrong
@@ -173,7 +173,7 @@ def main():
         return request(RC | op, dest, psn, va + off, rkey if key is None else key, payload)
 
     for _ in range(a.count):
-        send("random", bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 1500))))
+        send("random", bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 1473))))  # 1500 - IP - UDP
         good = with_icrc(canary_request(live_psn()), a.src, a.dst)
         send("truncated", good[:rng.randrange(0, len(good))])
         flip = 1 << rng.randrange(32) if rng.random() < 0.5 else rng.getrandbits(32) | 1

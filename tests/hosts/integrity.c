@@ -344,9 +344,10 @@ static int recv_one(struct ibv_wc *wc, int timeout_ms)
 }
 
 /* Checks a received SEND of message i (its receive buffer slot in wc) and reposts. */
+static uint32_t msg_size(int i);
 static void check_message(const struct ibv_wc *wc, int i)
 {
-	uint32_t len = send_size(i);
+	uint32_t len = msg_size(i);
 	const uint8_t *buf = (const uint8_t *)recv_mr->addr + wc->wr_id * (MAX_SEND + UD_GRH);
 	if (opt.type == IBV_QPT_UD) {
 		buf += UD_GRH;
