@@ -20,10 +20,12 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "common/state_dir.hpp"
 #include "wire/registry.hpp"
+#include "wire/roce/faults.hpp"
 #include "wire/roce/port_internal.hpp"
 #include "wire/roce/steering.hpp"
 
@@ -405,6 +407,12 @@ int Port::send(const IpAddress& dst, const void* data, size_t size, uint32_t flo
                const IpAddress* src) {
   const int fd = fd_senders_[flow % kSenders];
   if (fd < 0) return -ENOTCONN;
+  if (Faults* faults = Faults::from_env()) {  // SOFTVERBS_FAULTS, for tests (faults.hpp)
+    const std::optional<IpAddress> from = src ? std::optional(*src) : std::nullopt;
+    return faults->send(data, size, [this, dst, flow, from](const void* d, size_t n) {
+      return send_from(fd_senders_[flow % kSenders], dst, d, n, from ? &*from : nullptr);
+    });
+  }
   return send_from(fd, dst, data, size, src);
 }
 
