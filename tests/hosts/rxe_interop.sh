@@ -6,19 +6,21 @@
 # client) and prints a table: program x direction -> pass/FAIL with the client's numbers.
 #   tests/hosts/rxe_interop.sh [-n ITERS] [--capture] [--only REGEX]   # from the project root
 # Needs a build in build/ (scripts/build). RXE_VM (default ../shared/tools/rxe-vm/run.sh)
-# names run.sh. Each run's logs go to build/rxe-interop/NAME.{srv,cli}.log, with --capture
+# names run.sh; RXE_INTEROP_CPUS the guest's CPUs (2); RXE_INTEROP_RMEM_MAX sets the guest's
+# net.core.rmem_max (default: the kernel's, 208 KiB). Each run's logs go to build/rxe-interop/NAME.{srv,cli}.log, with --capture
 # also NAME.pcap (both sides' RoCE frames, seen on the softverbs end of the veth).
 # Inside the guest the script runs itself with --guest.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-iters=100 capture=0 only=. guest=0
+iters=100 capture=0 only=. guest=0 rmem_max=
 while (($#)); do
   case $1 in
     -n) iters=$2; shift 2 ;;
     --capture) capture=1; shift ;;
     --only) only=$2; shift 2 ;;
     --guest) guest=1; shift ;;
+    --rmem-max) rmem_max=$2; shift 2 ;;
     *) echo "usage: $0 [-n ITERS] [--capture] [--only REGEX]" >&2; exit 2 ;;
   esac
 done
@@ -32,7 +34,7 @@ if ((!guest)); then
   if ((capture)); then
     cc -O2 -o "$root/build/rxe-interop/cap" "$root/tests/unit/rxe_capture/cap.c" || exit 1
   fi
-  extra=(-n "$iters" --only "$only")
+  extra=(-n "$iters" --only "$only" --rmem-max "${RXE_INTEROP_RMEM_MAX:-}")
   ((capture)) && extra+=(--capture)
   RXE_VM_LINKS='' exec "$rxe_vm" -s "$root" -t "${RXE_INTEROP_VM_LIMIT:-1500}" -c "${RXE_INTEROP_CPUS:-2}" \
     "bash tests/hosts/rxe_interop.sh --guest ${extra[*]@Q}"
@@ -47,6 +49,8 @@ ip link set vsv netns sv
 ip addr add 10.9.0.1/24 dev vrxe && ip link set vrxe up
 sv ip addr add 10.9.0.2/24 dev vsv && sv ip link set vsv up && sv ip link set lo up
 rdma link add rxe1 type rxe netdev vrxe
+# softverbs asks for a 4 MiB receive buffer, which the kernel caps at rmem_max (208 KiB here).
+[[ -n $rmem_max ]] && sysctl -qw net.core.rmem_max="$rmem_max"
 sleep 1
 
 # gid_index DEVINFO_OUTPUT ADDRESS: the index of ADDRESS's RoCE v2 GID.
