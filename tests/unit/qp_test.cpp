@@ -802,6 +802,24 @@ TEST_F(RcPairTest, CurStateMustMatch) {
   EXPECT_EQ(modify_qp(a, &attr, IBV_QP_CUR_STATE | IBV_QP_MIN_RNR_TIMER), 0);
 }
 
+// perftest sets max_rd_atomic to the peer's max_qp_rd_atom, which is 128 on rxe.
+TEST_F(RcPairTest, RdAtomicUpToRxesMaximum) {
+  EXPECT_EQ(Limits::max_qp_rd_atom, 128);
+  ConnOpts too_many;
+  too_many.max_dest_rd_atomic = 129;
+  ASSERT_EQ(to_init(a, too_many.access), 0);
+  EXPECT_EQ(to_rtr(a, b->qpn(), too_many), EINVAL);
+  ConnOpts o;
+  o.max_rd_atomic = 128;
+  o.max_dest_rd_atomic = 128;
+  connect(o, o);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(query_qp(a, &q, ~0, &init), 0);
+  EXPECT_EQ(q.max_rd_atomic, 128);
+  EXPECT_EQ(q.max_dest_rd_atomic, 128);
+}
+
 TEST_F(RcPairTest, QueryQpReturnsWhatWasSet) {
   ConnOpts o;
   o.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;

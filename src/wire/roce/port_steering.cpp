@@ -3,13 +3,14 @@
 // its owner; and the forwarding of a datagram the kernel gave to the wrong process.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "wire/roce/port.hpp"
@@ -22,10 +23,20 @@ using namespace detail;
 
 namespace {
 
+// The seed never waits for the kernel's entropy: this runs on the port's thread, and soon
+// after boot getrandom() (and std::random_device with it) blocks until the pool is ready:
+// 1.3 s in the rxe-vm guest, while every arriving datagram waited and rxe retried.
+uint64_t token_seed() {
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == ssize_t(sizeof seed)) return seed;
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  return uint64_t(now) ^ uint64_t(getpid()) << 40;
+}
+
 // splitmix64 from a random seed: 8 bytes of TLS (a dlopen'ed library gets little static
 // TLS; std::mt19937_64 would take 2.5 KiB of it).
 uint64_t random_token() {
-  static thread_local uint64_t state = std::random_device{}() | uint64_t{std::random_device{}()} << 32;
+  static thread_local uint64_t state = token_seed();
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

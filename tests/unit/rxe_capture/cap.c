@@ -40,6 +40,9 @@ int main(int argc, char **argv) {
     perror(argv[1]);
     return 1;
   }
+  /* A slow (emulated) capturer must not lose frames to a full socket queue. */
+  int rcvbuf = 32 << 20;
+  setsockopt(s, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf);
   FILE *out = fopen(argv[2], "wb");
   if (!out) { perror(argv[2]); return 1; }
   const uint32_t hdr[6] = {0xa1b2c3d4, 2 | 4u << 16, 0, 0, 65535, 1};
