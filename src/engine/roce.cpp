@@ -135,10 +135,13 @@ struct OutBatch {
   size_t n = 0;
 };
 // SOFTVERBS_NO_GSO=1: one datagram per send (for comparisons, and kernels without it).
+// Off as well under SOFTVERBS_FAULTS, which drops, holds back and repeats single datagrams
+// (and a datagram's ICRC counts on its place in its GSO send).
 bool gso_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SOFTVERBS_NO_GSO");
-    return !(v && *v && *v != '0');
+    const char* faults = std::getenv("SOFTVERBS_FAULTS");
+    return !(v && *v && *v != '0') && !(faults && *faults);
   }();
   return on;
 }
