@@ -245,6 +245,42 @@ TEST(RocePort, ItsOwnQpsDatagramsArriveWithTheirAddresses) {
   EXPECT_EQ(port.send(IpAddress::loopback_v4(), v4.data(), v4.size()), -ENOTCONN);
 }
 
+// A GSO send (OutDatagram::segment): the kernel cuts it into datagrams of that size (the
+// last shorter), each of which arrives whole, in order, with its own bytes; and Port::poll
+// receives on the caller's thread what the port's thread has not taken yet.
+TEST(RocePort, GsoSendArrivesAsItsDatagramsAndPollReceivesToo) {
+  const uint16_t udp_port = free_udp_port();
+  Inbox inbox;
+  TempStateDir dir;
+  Port port({udp_port, 7, dir.path}, [&](const Datagram& d) { inbox.take(d); }, nullptr);
+  ASSERT_EQ(port.acquire(), 0);
+  ASSERT_TRUE(port.wait_rerouted(2000ms));
+  std::vector<uint8_t> gso;
+  const size_t sizes[] = {100, 100, 100, 60};
+  for (size_t i = 0; i < 4; ++i) {
+    auto one = bth_for_qpn(7u << kQpnSlotShift | 3);
+    one.resize(sizes[i], static_cast<uint8_t>(0x40 + i));
+    gso.insert(gso.end(), one.begin(), one.end());
+  }
+  OutDatagram batch[] = {{IpAddress::loopback_v4(), 1, gso.data(), gso.size()}};
+  batch[0].segment = 100;
+  ASSERT_EQ(port.send_batch(batch, 1), 1);
+  for (int i = 0; i < 2000 && inbox.count() < 4; ++i) {
+    port.poll();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(inbox.wait_for(4));
+  std::lock_guard<std::mutex> lock(inbox.mu);
+  ASSERT_EQ(inbox.bytes.size(), 4u);
+  size_t at = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(inbox.bytes[i].size(), sizes[i]) << "datagram " << i;
+    EXPECT_TRUE(std::equal(inbox.bytes[i].begin(), inbox.bytes[i].end(), gso.begin() + at))
+        << "datagram " << i;
+    at += sizes[i];
+  }
+}
+
 TEST(RocePort, TimersFireInOrderAndCancelledOnesDoNot) {
   Inbox inbox;
   TempStateDir dir;

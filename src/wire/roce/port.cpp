@@ -11,6 +11,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -297,7 +299,7 @@ int Port::acquire() {
     epoll_event ev{};
     // The group socket is one-shot: re-armed after each wake-up unless an application
     // polls it itself (rearm_group).
-    ev.events = tag == kTagGroup ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
+    ev.events = tag == kTagGroup && busy_poll_grace_ns() ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
     ev.data.u32 = tag;
     if (epoll_ctl(fd_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
   }
@@ -345,6 +347,19 @@ void Port::release() {
 }
 
 // ---- sending -----------------------------------------------------------------------------
+
+namespace {
+
+}  // namespace
+
+int64_t detail::busy_poll_grace_ns() {
+  static const int64_t ns = [] {
+    const char* v = std::getenv("SOFTVERBS_BUSY_POLL");
+    long us = v && *v ? std::atol(v) : 0;
+    return us > 0 ? int64_t{us} * 1000 : int64_t{0};
+  }();
+  return ns;
+}
 
 namespace {
 
@@ -559,7 +574,7 @@ void Port::loop() {
       switch (events[i].data.u32) {
         case kTagGroup:
           handle_group();
-          rearm_group();
+          if (busy_poll_grace_ns()) rearm_group();
           break;
         case kTagForward: handle_forwarded(); break;
         case kTagAnswers: handle_answers(); break;
@@ -591,10 +606,10 @@ void Port::poll_stop() {
 // stays parked and the thread looks again after kAppPollGrace; otherwise it is re-armed.
 void Port::rearm_group() {
   const int64_t polled = app_polled_ns_.load(std::memory_order_relaxed);
-  const int64_t grace = std::chrono::nanoseconds(kAppPollGrace).count();
+  const int64_t grace = busy_poll_grace_ns();
   if (polled != 0 && steady_ns() - polled < grace) {
     group_parked_.store(true, std::memory_order_release);
-    schedule(kGroupRecheck, Clock::now() + kAppPollGrace);
+    schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(grace));
     return;
   }
   group_parked_.store(false, std::memory_order_release);
@@ -620,7 +635,7 @@ void Port::handle_group() {
 }
 
 int Port::poll() {
-  app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
+  if (busy_poll_grace_ns()) app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
   return receive_group_locked(true);

@@ -27,9 +27,10 @@ inline constexpr uint64_t kInternalTimer = uint64_t(1) << 63;
 inline constexpr uint64_t kRoundRetry = kInternalTimer | 1;
 inline constexpr uint64_t kRoundDeadline = kInternalTimer | 2;
 inline constexpr uint64_t kGroupRecheck = kInternalTimer | 3;
-// How long after an application's last Port::poll the port's thread leaves the group socket
-// to it (then it looks again, and takes it back once the application stopped polling).
-inline constexpr auto kAppPollGrace = std::chrono::microseconds(200);
+// SOFTVERBS_BUSY_POLL=MICROSECONDS: how long after an application's last Port::poll the
+// port's thread leaves the group socket to it (then it looks again, and takes it back once
+// the application stopped polling). 0 (the default): the thread always receives too.
+int64_t busy_poll_grace_ns();
 inline constexpr uint32_t kProbesPerStep = 16;
 inline constexpr uint32_t kMaxProbes = kSlots + 64;
 inline constexpr auto kRoundTimeout = std::chrono::milliseconds(50);
