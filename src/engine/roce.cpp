@@ -280,9 +280,10 @@ struct RoceLink final : packet::Env {
       if (s.length == 0) continue;
       iovec at{};
       // A buffer that fails its key check holds nothing: the message does not fit it, and
-      // the receive completes in error.
+      // the receive completes with IBV_WC_LOC_PROT_ERR (as on the same host).
       if (!resolve_sge(qp->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &at)) {
         r.sg.clear();
+        r.key_error = true;
         break;
       }
       r.sg.push_back({static_cast<uint8_t*>(at.iov_base), static_cast<uint32_t>(at.iov_len)});

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <time.h>
@@ -235,6 +236,17 @@ void sv_sleep_ms(int ms)
 
 /* ---- device -------------------------------------------------------------------------- */
 
+int sv_gid_index(void)
+{
+	const char *s = getenv("SV_GID_INDEX");
+	if (!s || !*s)
+		return 0;
+	char *end;
+	long index = strtol(s, &end, 10);
+	CHECKF(*end == 0 && index >= 0 && index < 256, "SV_GID_INDEX='%s' is not 0..255", s);
+	return (int)index;
+}
+
 void sv_open(struct sv_dev *d)
 {
 	memset(d, 0, sizeof(*d));
@@ -249,7 +261,8 @@ void sv_open(struct sv_dev *d)
 
 	CHECK_OK(ibv_query_device(d->ctx, &d->dev_attr));
 	CHECK_OK(ibv_query_port(d->ctx, 1, &d->port_attr));
-	CHECK_EQ(ibv_query_gid(d->ctx, 1, 0, &d->gid), 0);
+	d->gid_index = sv_gid_index();
+	CHECK_EQ(ibv_query_gid(d->ctx, 1, d->gid_index, &d->gid), 0);
 	d->pd = ibv_alloc_pd(d->ctx);
 	CHECK(d->pd != NULL);
 }
@@ -344,9 +357,12 @@ int sv_modify_init(struct ibv_qp *qp, const struct sv_pair_cfg *cfg)
 			     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
+static const union ibv_gid *traded_gid_of(const struct ibv_qp *qp);
+
 int sv_modify_rtr(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest_qpn,
 		  const struct sv_pair_cfg *cfg)
 {
+	const union ibv_gid *peer_gid = traded_gid_of(qp);
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
@@ -356,8 +372,8 @@ int sv_modify_rtr(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest_qpn,
 	a.max_dest_rd_atomic = cfg->max_rd_atomic;
 	a.min_rnr_timer = cfg->min_rnr_timer;
 	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = d->gid;
-	a.ah_attr.grh.sgid_index = 0;
+	a.ah_attr.grh.dgid = peer_gid ? *peer_gid : d->gid;
+	a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
 	a.ah_attr.grh.hop_limit = 1;
 	a.ah_attr.dlid = 0;
 	a.ah_attr.sl = 0;
@@ -852,6 +868,58 @@ int sv_destroy_qp_fn(void *qp)
 
 /* ---- a peer process ---------------------------------------------------------------- */
 
+int sv_peer_on_other_host(void)
+{
+	const char *ns = getenv("SV_PEER_NETNS");
+	return ns && *ns;
+}
+
+/* In the forked peer, before anything else: become a process of the other host, its
+ * network namespace (its addresses, its abstract sockets) and its state directory. */
+static void enter_peer_host(void)
+{
+	const char *ns = getenv("SV_PEER_NETNS"), *dir = getenv("SV_PEER_STATE_DIR");
+	CHECKF(dir && *dir, "SV_PEER_NETNS is set but SV_PEER_STATE_DIR is not");
+	char path[256];
+	CHECKF(snprintf(path, sizeof(path), "/run/netns/%s", ns) < (int)sizeof(path),
+	       "SV_PEER_NETNS too long");
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	CHECKF(fd >= 0, "open(%s) failed: %s", path, strerror(errno));
+	CHECKF(setns(fd, CLONE_NEWNET) == 0, "setns(%s) failed: %s", path, strerror(errno));
+	close(fd);
+	CHECK(setenv("SOFTVERBS_STATE_DIR", dir, 1) == 0);
+}
+
+/* The GIDs traded by sv_trade_gid, by our QP number. */
+static struct {
+	uint32_t qpn;
+	union ibv_gid gid;
+} traded_gids[16];
+static int num_traded_gids;
+
+static const union ibv_gid *traded_gid_of(const struct ibv_qp *qp)
+{
+	for (int i = 0; i < num_traded_gids; i++)
+		if (traded_gids[i].qpn == qp->qp_num)
+			return &traded_gids[i].gid;
+	return NULL;
+}
+
+void sv_trade_gid(int sock, const struct ibv_qp *qp)
+{
+	if (!sv_peer_on_other_host())
+		return;
+	union ibv_gid mine, theirs;
+	CHECK_EQ(ibv_query_gid(qp->context, 1, sv_gid_index(), &mine), 0);
+	sv_exchange(sock, &mine, &theirs, sizeof(mine));
+	CHECKF(memcmp(&mine, &theirs, sizeof(mine)) != 0,
+	       "the peer on the other host has our GID: SV_GID_INDEX names no host address?");
+	CHECK(num_traded_gids < (int)(sizeof(traded_gids) / sizeof(traded_gids[0])));
+	traded_gids[num_traded_gids].qpn = qp->qp_num;
+	traded_gids[num_traded_gids].gid = theirs;
+	num_traded_gids++;
+}
+
 int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
 {
 	int sv[2];
@@ -862,6 +930,8 @@ int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
 	*pid = child;
 	if (child == 0) {
 		close(sv[0]);
+		if (sv_peer_on_other_host())
+			enter_peer_host();
 		peer_main(sv[1]);
 		_exit(0);
 	}
@@ -873,6 +943,7 @@ uint32_t sv_trade_qpn(int sock, const struct ibv_qp *qp)
 {
 	uint32_t me = qp->qp_num, peer;
 	sv_exchange(sock, &me, &peer, sizeof(me));
+	sv_trade_gid(sock, qp);
 	return peer;
 }
 
@@ -885,6 +956,7 @@ void sv_trade_remote(int sock, const struct ibv_qp *qp, const struct ibv_mr *mr,
 	me.addr = (uint64_t)(uintptr_t)mr->addr;
 	me.rkey = mr->rkey;
 	sv_exchange(sock, &me, peer, sizeof(me));
+	sv_trade_gid(sock, qp);
 }
 
 void sv_connect_remote(struct ibv_qp *qp, const struct sv_dev *d, const struct sv_pair_cfg *cfg,

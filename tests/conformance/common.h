@@ -138,10 +138,14 @@ struct sv_dev {
 	struct ibv_pd *pd;
 	struct ibv_device_attr dev_attr;
 	struct ibv_port_attr port_attr; /* port 1 */
-	union ibv_gid gid;              /* port 1, GID index 0 */
+	union ibv_gid gid;              /* port 1, GID index gid_index */
+	int gid_index;                  /* sv_gid_index() */
 };
 
-/* Opens the first device, queries it, port 1 and GID 0, and allocates a PD. */
+/* The GID index the tests use: $SV_GID_INDEX (the veth address's GID between two hosts,
+ * tests/hosts/twoproc.sh), else 0. */
+int sv_gid_index(void);
+/* Opens the first device, queries it, port 1 and GID sv_gid_index(), and allocates a PD. */
 void sv_open(struct sv_dev *d);
 /* Deallocates the PD and closes the device (both must succeed). */
 void sv_close(struct sv_dev *d);
@@ -188,7 +192,9 @@ struct ibv_cq *sv_create_cq(struct sv_dev *d, int cqe, void *cq_context,
 struct ibv_qp *sv_create_qp(struct sv_dev *d, const struct sv_pair_cfg *cfg, struct ibv_cq *scq,
 			    struct ibv_cq *rcq, struct ibv_srq *srq, struct ibv_qp_cap *cap_out);
 
-/* The three standard transitions; each returns what ibv_modify_qp returned. */
+/* The three standard transitions; each returns what ibv_modify_qp returned. RTR's
+ * destination GID is the one traded for qp (sv_trade_gid) if any, else d->gid (a peer on
+ * the same host); its source GID index is d->gid_index. */
 int sv_modify_init(struct ibv_qp *qp, const struct sv_pair_cfg *cfg);
 int sv_modify_rtr(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest_qpn,
 		  const struct sv_pair_cfg *cfg);
@@ -318,8 +324,19 @@ long long sv_now_ms(void);
 /* ---- a peer process ---------------------------------------------------------------- */
 
 /* Forks a peer that runs peer_main(sock), never returning; the parent gets its end of a
- * socketpair to the peer, and the peer's pid in *pid. Call before opening the device. */
+ * socketpair to the peer, and the peer's pid in *pid. Call before opening the device (and
+ * before any other verbs call: the library learns its host's addresses at first use).
+ * With $SV_PEER_NETNS set the peer runs on another host: it enters network namespace
+ * /run/netns/$SV_PEER_NETNS and takes $SV_PEER_STATE_DIR as its SOFTVERBS_STATE_DIR first
+ * (tests/hosts/twoproc.sh; needs root). Unset, nothing changes. */
 int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid);
+/* 1 if the peers of sv_fork_peer run on another host ($SV_PEER_NETNS): checks of same-host
+ * mechanisms (shared pages, agents) are skipped then. */
+int sv_peer_on_other_host(void);
+/* Between hosts only (a no-op otherwise): trades our GID (index sv_gid_index()) with the
+ * peer over sock and remembers the peer's as qp's destination GID for sv_modify_rtr. The
+ * trade functions below do it themselves; call it after trading QPNs any other way. */
+void sv_trade_gid(int sock, const struct ibv_qp *qp);
 /* Trades QP numbers with the peer over sock (ours first); returns the peer's. */
 uint32_t sv_trade_qpn(int sock, const struct ibv_qp *qp);
 /* What a peer needs to reach our QP and our MR. */

@@ -42,6 +42,8 @@ static void responder(int s)
 		mine[i] = qp[i]->qp_num;
 	}
 	sv_exchange(sock, mine, peer, sizeof(mine));
+	for (int i = 0; i < 2; i++)
+		sv_trade_gid(sock, qp[i]); /* between hosts only */
 	struct ibv_mr *keep = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
 	struct ibv_mr *gone = sv_alloc_mr(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_mr *re = sv_alloc_mr(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
@@ -109,6 +111,8 @@ int main(void)
 		mine[i] = qp[i]->qp_num;
 	}
 	sv_exchange(sock, mine, peer, sizeof(mine));
+	for (int i = 0; i < 2; i++)
+		sv_trade_gid(sock, qp[i]); /* between hosts only */
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
 	for (int i = 0; i < 2; i++)
 		sv_connect_remote(qp[i], &dev, &cfg, peer[i], NULL, 0, 0, 0);

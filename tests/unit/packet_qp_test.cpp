@@ -171,6 +171,7 @@ TEST(PacketQp, SolicitedAndImmediateReachTheReceiveCompletion) {
   EXPECT_EQ(p.b.rcq[2].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
   EXPECT_EQ(p.b.rcq[2].imm_data, htonl(7));
   EXPECT_EQ(p.b.rcq[2].byte_len, 10u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(p.b.rcq[i].src_qp, p.a.qp.qp_num());  // RC: the peer
   // Only the last packet of the first SEND carries SE.
   int se = 0;
   for (const WirePacket& wp : p.a.sent) se += wp.pkt.solicited;
@@ -424,6 +425,22 @@ TEST(PacketQp, SendLongerThanTheReceive) {
   ASSERT_EQ(p.b.rcq.size(), 2u);
   EXPECT_EQ(p.b.rcq[0].wr_id, 7u);
   EXPECT_EQ(p.b.rcq[0].status, IBV_WC_LOC_LEN_ERR);
+  EXPECT_EQ(p.b.rcq[1].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+}
+
+// A receive whose buffer failed its lkey check when it was taken (deregistered, or without
+// local write): LOC_PROT_ERR, not LOC_LEN_ERR, and the QP fails as for any local error.
+TEST(PacketQp, SendIntoAReceiveWithABadKey) {
+  Pair p;
+  p.b.rq.push_back(pk::RecvWqe{7, {}, true});
+  p.b.post_recv(8, 0, 1500);
+  p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, 100)}));
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
+  EXPECT_NE(p.a.scq[0].status, IBV_WC_SUCCESS);
+  ASSERT_EQ(p.b.rcq.size(), 2u);
+  EXPECT_EQ(p.b.rcq[0].wr_id, 7u);
+  EXPECT_EQ(p.b.rcq[0].status, IBV_WC_LOC_PROT_ERR);
   EXPECT_EQ(p.b.rcq[1].status, IBV_WC_WR_FLUSH_ERR);
   EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
 }

@@ -69,6 +69,7 @@ struct SendWqe {
 struct RecvWqe {
   uint64_t wr_id = 0;
   std::vector<Iov> sg;
+  bool key_error = false;  // an SGE failed its lkey check (sg is then empty): LOC_PROT_ERR
 };
 
 // ibv_wc's fields, plus the SE bit for solicited-only CQ notification.

@@ -171,13 +171,16 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
       drop_message();
       return false;
     }
-    complete_receive(IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0, nullptr, 0, 0);
+    complete_receive(recv_->key_error ? IBV_WC_LOC_PROT_ERR : IBV_WC_LOC_LEN_ERR, IBV_WC_RECV,
+                     0, nullptr, 0, 0);
     responder_fatal(rw::kNakInvalidRequest, psn, std::nullopt);
     return false;
   }
   recv_offset_ += pkt.payload_len;
   if (ends_message(op)) {
-    complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, recv_offset_, &pkt, 0, 0);
+    // src_qp: the connected peer, as the same-host transport reports it (ibv_poll_cq(3)
+    // promises it for UD only; programs moving between the two must see the same).
+    complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, recv_offset_, &pkt, dest_qpn_, 0);
     in_msg_ = InMessage::kNone;
     msn_ = psn_add(msn_, 1);
   }
@@ -229,7 +232,8 @@ bool PacketQp::do_write(const Packet& pkt, uint8_t op) {
   write_offset_ += n;
   if (last) {
     if (carries_imm(op))
-      complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, write_len_, &pkt, 0, 0);
+      complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, write_len_, &pkt, dest_qpn_,
+                       0);
     in_msg_ = InMessage::kNone;
     msn_ = psn_add(msn_, 1);
   }
