@@ -415,18 +415,25 @@ TEST(PacketQp, ZeroLengthWriteNeedsNoValidRkey) {
   EXPECT_EQ(p.a.scq[0].status, IBV_WC_SUCCESS);
 }
 
+// B's first receive (wr_id 7) fails with `status` when A sends `len` bytes into it; A's SEND
+// fails with `send_status`, B's second receive is flushed and its QP is in the error state.
+void expect_receive_fails(Pair& p, uint32_t len, ibv_wc_status send_status,
+                          ibv_wc_status status) {
+  p.b.post_recv(8, 2000, 1500);
+  p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, len)}));
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
+  EXPECT_EQ(p.a.scq[0].status, send_status);
+  ASSERT_EQ(p.b.rcq.size(), 2u);
+  EXPECT_EQ(p.b.rcq[0].wr_id, 7u);
+  EXPECT_EQ(p.b.rcq[0].status, status);
+  EXPECT_EQ(p.b.rcq[1].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+}
+
 TEST(PacketQp, SendLongerThanTheReceive) {
   Pair p;
   p.b.post_recv(7, 0, 1500);
-  p.b.post_recv(8, 2000, 1500);
-  p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, 2000)}));
-  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
-  EXPECT_EQ(p.a.scq[0].status, IBV_WC_REM_INV_REQ_ERR);
-  ASSERT_EQ(p.b.rcq.size(), 2u);
-  EXPECT_EQ(p.b.rcq[0].wr_id, 7u);
-  EXPECT_EQ(p.b.rcq[0].status, IBV_WC_LOC_LEN_ERR);
-  EXPECT_EQ(p.b.rcq[1].status, IBV_WC_WR_FLUSH_ERR);
-  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+  expect_receive_fails(p, 2000, IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR);
 }
 
 // A receive whose buffer failed its lkey check when it was taken (deregistered, or without
@@ -434,15 +441,7 @@ TEST(PacketQp, SendLongerThanTheReceive) {
 TEST(PacketQp, SendIntoAReceiveWithABadKey) {
   Pair p;
   p.b.rq.push_back(pk::RecvWqe{7, {}, true});
-  p.b.post_recv(8, 0, 1500);
-  p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, 100)}));
-  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
-  EXPECT_NE(p.a.scq[0].status, IBV_WC_SUCCESS);
-  ASSERT_EQ(p.b.rcq.size(), 2u);
-  EXPECT_EQ(p.b.rcq[0].wr_id, 7u);
-  EXPECT_EQ(p.b.rcq[0].status, IBV_WC_LOC_PROT_ERR);
-  EXPECT_EQ(p.b.rcq[1].status, IBV_WC_WR_FLUSH_ERR);
-  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+  expect_receive_fails(p, 100, IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_PROT_ERR);
 }
 
 TEST(PacketQp, PostSendChecksAndErrorState) {
