@@ -23,6 +23,14 @@ b_index=$(gid_index_of "$SOFTVERBS" B "$HOST_B_GID4")
 [[ -n $a_index && $a_index == "$b_index" ]] ||
   { echo "FAIL: the veth GIDs' indices differ or are missing (A '$a_index', B '$b_index')"; exit 1; }
 
+# Counts the RoCE v2 packets host A receives: the test must have crossed the veth (a peer
+# left on A's state directory would talk through shared memory and pass unseen).
+ip netns exec "$HOST_A_NS" nft -f - <<NFT || { echo "FAIL: nft"; exit 1; }
+table inet svh_twoproc {
+  chain in { type filter hook input priority 0; iifname "$HOSTS_IF" udp dport 4791 counter; }
+}
+NFT
+
 # The program's own watchdog (50 s) names the step that hangs; timeout is the backstop.
 in_host A env SV_PEER_NETNS="$HOST_B_NS" SV_PEER_STATE_DIR="$HOST_B_STATE" \
   SV_GID_INDEX="$a_index" timeout -k 2 55 "$SOFTVERBS" run -- "$program" 2>&1 | tee "$out"
@@ -34,5 +42,12 @@ fi
 last=$(grep -v '^[[:space:]]*$' "$out" | tail -n 1)
 if ((rc != 0)) || [[ $last != "PASS $name" ]]; then
   echo "FAIL: exit code $rc, last line '$last' (expected 'PASS $name')"
+  exit 1
+fi
+roce=$(ip netns exec "$HOST_A_NS" nft list table inet svh_twoproc |
+  sed -nE 's/.*counter packets ([0-9]+) .*/\1/p')
+echo "host A received ${roce:-?} RoCE v2 packets from host B"
+if ! [[ $roce =~ ^[0-9]+$ ]] || ((roce == 0)); then
+  echo "FAIL: no RoCE v2 packet crossed the veth: the peer was not on host B"
   exit 1
 fi
