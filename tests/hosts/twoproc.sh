@@ -46,7 +46,7 @@ if ((rc != 0)) || [[ $last != "PASS $name" ]]; then
 fi
 roce=$(ip netns exec "$HOST_A_NS" nft list table inet svh_twoproc |
   sed -nE 's/.*counter packets ([0-9]+) .*/\1/p')
-echo "host A received ${roce:-?} RoCE v2 packets from host B"
+echo "host A received ${roce:-?} RoCE v2 frames from host B (a GSO send crosses the veth as one)"
 if ! [[ $roce =~ ^[0-9]+$ ]] || ((roce == 0)); then
   echo "FAIL: no RoCE v2 packet crossed the veth: the peer was not on host B"
   exit 1
