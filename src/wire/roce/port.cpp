@@ -87,8 +87,10 @@ int setopt(int fd, int level, int name, int value) {
   return setsockopt(fd, level, name, &value, sizeof value);
 }
 
-// The local address, interface and TOS from a received datagram's control messages.
-void read_control(msghdr& msg, Datagram& d) {
+// The local address, interface and TOS from a received datagram's control messages; returns
+// the size of its segments when the kernel coalesced several (UDP_GRO), else 0.
+size_t read_control(msghdr& msg, Datagram& d) {
+  size_t segment = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
       in_pktinfo info;
@@ -106,8 +108,13 @@ void read_control(msghdr& msg, Datagram& d) {
       int tclass;
       std::memcpy(&tclass, CMSG_DATA(c), sizeof tclass);
       d.tos = uint8_t(tclass);
+    } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+      int size;
+      std::memcpy(&size, CMSG_DATA(c), sizeof size);
+      if (size > 0) segment = size_t(size);
     }
   }
+  return segment;
 }
 
 // Ports alive in this process, so a forked child can drop its copies of their sockets
@@ -190,7 +197,8 @@ Port::Port(PortConfig config, DatagramHandler on_datagram, TimerHandler on_timer
     : config_(std::move(config)),
       on_datagram_(std::move(on_datagram)),
       on_timer_(std::move(on_timer)),
-      rx_buffers_(kBatch * kMaxDatagram) {
+      rx_buffers_(new uint8_t[kBatch * kRxBufferBytes]),
+      forward_buffer_(sizeof(ForwardHeader) + kMaxDatagram) {
   if (config_.state_dir.empty()) config_.state_dir = softverbs::state_dir();
   static std::once_flag once;
   std::call_once(once, [] {
@@ -246,6 +254,8 @@ int Port::acquire() {
   setopt(fd_group_, SOL_SOCKET, SO_RCVBUF, 4 << 20);  // capped by rmem_max; best effort
   setopt(fd_group_, IPPROTO_IP, IP_PKTINFO, 1);
   setopt(fd_group_, IPPROTO_IP, IP_RECVTOS, 1);
+  // Best effort: without it (old kernels) the kernel cuts a GSO send into its datagrams.
+  if (gro_enabled()) setopt(fd_group_, SOL_UDP, UDP_GRO, 1);
   if (ipv6_) {
     if (setopt(fd_group_, IPPROTO_IPV6, IPV6_V6ONLY, 0) != 0) return fail(errno);
     setopt(fd_group_, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
@@ -359,6 +369,14 @@ int64_t detail::busy_poll_grace_ns() {
     return us > 0 ? int64_t{us} * 1000 : int64_t{0};
   }();
   return ns;
+}
+
+bool detail::gro_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SOFTVERBS_NO_GRO");
+    return !(v && *v && *v != '0');
+  }();
+  return on;
 }
 
 namespace {
@@ -649,7 +667,7 @@ int Port::receive_group_locked(bool once) {
   mmsghdr msgs[kBatch];
   for (;;) {
     for (int i = 0; i < kBatch; ++i) {
-      iov[i] = {&rx_buffers_[size_t(i) * kMaxDatagram], kMaxDatagram};
+      iov[i] = {&rx_buffers_[size_t(i) * kRxBufferBytes], kRxBufferBytes};
       msgs[i] = {};
       msgs[i].msg_hdr.msg_name = &from[i];
       msgs[i].msg_hdr.msg_namelen = sizeof from[i];
@@ -660,22 +678,46 @@ int Port::receive_group_locked(bool once) {
     }
     const int n = recvmmsg(fd_group_, msgs, kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) return total;
-    total += n;
-    for (int i = 0; i < n; ++i) {
-      Datagram d;
-      d.data = static_cast<const uint8_t*>(iov[i].iov_base);
-      d.size = msgs[i].msg_len;
-      if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) ||
-          !from_sockaddr(from[i], msgs[i].msg_hdr.msg_namelen, d.src, d.src_port)) {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        ++stats_.dropped;
-        continue;
-      }
-      read_control(msgs[i].msg_hdr, d);
-      route(d);
-    }
+    for (int i = 0; i < n; ++i) total += route_received(msgs[i].msg_hdr, msgs[i].msg_len);
     if (n < kBatch || once) return total;
   }
+}
+
+// One buffer recvmmsg filled: a datagram, or with UDP_GRO several of one flow, each `segment`
+// bytes but the last (which may be shorter). Each is one RoCE packet, routed on its own: the
+// kernel coalesces by addresses and ports only, so they may be for different QPs (and the
+// steering program saw only the first). Returns how many datagrams it held.
+int Port::route_received(msghdr& msg, size_t size) {
+  Datagram d;
+  const size_t segment = read_control(msg, d);
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+      !from_sockaddr(*static_cast<sockaddr_storage*>(msg.msg_name), msg.msg_namelen, d.src,
+                     d.src_port)) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.dropped;
+    return 1;
+  }
+  const uint8_t* data = static_cast<const uint8_t*>(msg.msg_iov[0].iov_base);
+  const size_t step = segment > 0 ? segment : std::max<size_t>(size, 1);
+  if (segment > 0) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.coalesced += (size + segment - 1) / segment;
+  }
+  int count = 0;
+  size_t at = 0;
+  do {  // an empty datagram too is one (dropped by route)
+    d.data = data + at;
+    d.size = std::min(step, size - at);
+    at += d.size;
+    ++count;
+    if (d.size > kMaxDatagram) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.dropped;
+      continue;
+    }
+    route(d);
+  } while (at < size);
+  return count;
 }
 
 // A datagram the kernel gave us: ours, a probe, or another process's (stale steering).

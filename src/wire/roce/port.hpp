@@ -16,6 +16,7 @@
 #pragma once
 
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <atomic>
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -83,6 +85,7 @@ struct PortStats {
   uint64_t forwarded_in = 0;     // of those, came through another process
   uint64_t forwarded_out = 0;    // arrived here for another process, passed on
   uint64_t dropped = 0;          // too short, truncated, for no live process, bad forward
+  uint64_t coalesced = 0;        // datagrams that came in a UDP GRO super-datagram
   uint64_t probe_rounds = 0;     // programs attached by this process
   uint32_t group_size = 0;       // members our last round found
 };
@@ -145,6 +148,7 @@ class Port {
   void loop();
   void handle_group();
   int receive_group_locked(bool once);  // caller holds group_mu_
+  int route_received(msghdr& msg, size_t size);
   void rearm_group();  // the port's thread, after a wake-up on the group socket
   void handle_forwarded();
   void handle_answers();
@@ -209,7 +213,8 @@ class Port {
   // stopped), and whether the port's thread left the socket to it (not armed in epoll).
   std::atomic<int64_t> app_polled_ns_{0};
   std::atomic<bool> group_parked_{false};
-  std::vector<uint8_t> rx_buffers_;
+  std::unique_ptr<uint8_t[]> rx_buffers_;     // kBatch x kRxBufferBytes, under group_mu_
+  std::vector<uint8_t> forward_buffer_;        // the port's thread's, for handle_forwarded
   std::vector<Clock::time_point> forward_congested_until_;  // by slot
 
   friend struct PortForkGuard;

@@ -20,9 +20,16 @@ namespace softverbs::wire::roce::detail {
 // epoll tags of the port thread's file descriptors
 inline constexpr uint32_t kTagGroup = 1, kTagForward = 2, kTagAnswers = 3, kTagTimer = 4,
                           kTagWake = 5;
-inline constexpr int kBatch = 32;
+// The group socket receives with UDP_GRO: one buffer may hold a super-datagram of up to
+// 64 KiB (several RoCE packets of one flow). The buffers are left uninitialised, so pages
+// small datagrams never reach cost no memory.
+inline constexpr int kBatch = 16;
+inline constexpr size_t kRxBufferBytes = 65536;
 inline constexpr size_t kMaxDatagram = 8192;  // IBA MTU 4096 + headers; longer ones are dropped
-inline constexpr size_t kControlBytes = 128;
+// IP_PKTINFO, IP_TOS, IPV6_PKTINFO (IPv4 on a dual-stack socket gets both) and UDP_GRO
+inline constexpr size_t kControlBytes = 256;
+// SOFTVERBS_NO_GRO=1: the kernel cuts super-datagrams before they reach the group socket.
+bool gro_enabled();
 inline constexpr uint64_t kInternalTimer = uint64_t(1) << 63;
 inline constexpr uint64_t kRoundRetry = kInternalTimer | 1;
 inline constexpr uint64_t kRoundDeadline = kInternalTimer | 2;

@@ -84,9 +84,9 @@ bool Port::forward(const Datagram& d, int slot) {
 }
 
 void Port::handle_forwarded() {
-  uint8_t* buf = rx_buffers_.data();
+  uint8_t* buf = forward_buffer_.data();
   for (;;) {
-    iovec iov{buf, kMaxDatagram};
+    iovec iov{buf, forward_buffer_.size()};
     alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(ucred))];
     msghdr msg{};
     msg.msg_iov = &iov;
