@@ -180,6 +180,7 @@ struct RoceLink final : packet::Env {
   ibv_gid sgid{};
   ibv_gid dgid{};
   unsigned qp_access = 0;  // the QP's remote access flags, checked before any rkey
+  std::optional<ibv_event_type> error_event;  // raised by sync_error, once the QP is in ERR
   bool sqd_notify = false;  // SQD entered with en_sqd_async_notify
   // UD: the address of each WQE handed over and not yet sent, in order (one packet each).
   std::deque<std::pair<ibv_gid, ibv_gid>> ud_dest;
@@ -318,6 +319,12 @@ struct RoceLink final : packet::Env {
   void raise_event(ibv_event_type type) override {
     // SQ_DRAINED only when the application asked for it on entering SQD.
     if (type == IBV_EVENT_SQ_DRAINED && !std::exchange(sqd_notify, false)) return;
+    // An error event waits for sync_error: whoever reads it must find the QP in ERR already.
+    if (type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_QP_ACCESS_ERR ||
+        type == IBV_EVENT_QP_REQ_ERR) {
+      error_event = type;
+      return;
+    }
     raise_qp_event(qp, type);
   }
 
@@ -336,8 +343,13 @@ struct RoceLink final : packet::Env {
   // whole, with what the verbs layer holds flushed too.
   // ... and sends what the call produced.
   void sync_error() {
+    // ERR before the NAK leaves: a requester that saw it finds this QP in ERR.
+    if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR)
+      set_error(qp, error_event ? int(*error_event) : -1);
+    else if (error_event)
+      raise_qp_event(qp, *error_event);
+    error_event.reset();
     flush();
-    if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR) set_error(qp, -1);
   }
 };
 
