@@ -522,6 +522,11 @@ bool roce_post(Qp* qp, SendWqe& w) {
 
 bool roce_poll() { return port().poll() > 0; }
 
+void roce_poll_result(bool found) {
+  if (found) port().poll_found();
+  else port().poll_idle();
+}
+
 void roce_poll_stop() { port().poll_stop(); }
 
 size_t roce_in_flight(Qp* qp) {

@@ -25,6 +25,9 @@ size_t roce_in_flight(Qp* qp);
 // ibv_poll_cq on an empty CQ that QPs on the wire feed: receives what waits on the port
 // now, on the caller's thread. True when something was received.
 bool roce_poll();
+// What such a poll returned: nothing (found=false: the application waits on the CQ), or
+// completions. Decides whether the port's thread or the application receives (Port).
+void roce_poll_result(bool found);
 // The application arms such a CQ (it will sleep until an event): stop relying on its polls.
 void roce_poll_stop();
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more).

@@ -182,9 +182,10 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
   }
   // An empty CQ costs one shared load (tail) and one private one (head).
   uint64_t tail = cq->tail.load(std::memory_order_acquire);
-  if (tail == cq->head.load(std::memory_order_relaxed) && num_entries > 0 &&
-      cq->roce_fed.load(std::memory_order_relaxed) && engine::roce_poll())
+  const bool roce = num_entries > 0 && cq->roce_fed.load(std::memory_order_relaxed);
+  if (roce && tail == cq->head.load(std::memory_order_relaxed) && engine::roce_poll())
     tail = cq->tail.load(std::memory_order_acquire);  // packets from the wire, received here
+  if (roce) engine::roce_poll_result(tail != cq->head.load(std::memory_order_relaxed));
   if (tail == cq->head.load(std::memory_order_relaxed) || num_entries <= 0) {
     if (num_entries < 0) return -1;
     return cq->in_error.load(std::memory_order_relaxed) ? -1 : 0;

@@ -286,6 +286,68 @@ TEST(RocePort, GsoSendArrivesAsItsDatagramsAndPollReceivesToo) {
   }
 }
 
+// An application that polls an empty CQ receives by itself: after a few empty polls the
+// port's thread is no longer woken for packets (all arrive on the polling thread); once the
+// application found completions, or stopped polling, the port's thread receives again.
+TEST(RocePort, AnApplicationWaitingOnItsCqReceivesAloneUntilItStops) {
+  const uint16_t udp_port = free_udp_port();
+  std::mutex mu;
+  std::vector<std::thread::id> by;  // the thread each datagram arrived on
+  TempStateDir dir;
+  // A second of grace: a test thread the machine preempts for a while still counts as polling.
+  Port port({udp_port, 7, dir.path, 1'000'000'000},
+            [&](const Datagram&) {
+              std::lock_guard<std::mutex> lock(mu);
+              by.push_back(std::this_thread::get_id());
+            },
+            nullptr);
+  auto arrived = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return by.size();
+  };
+  ASSERT_EQ(port.acquire(), 0);
+  ASSERT_TRUE(port.wait_rerouted(2000ms));
+  const auto pkt = bth_for_qpn(7u << kQpnSlotShift | 3);
+  auto poll_empty = [&] {
+    port.poll();
+    port.poll_idle();
+  };
+  for (int i = 0; i < 4; ++i) poll_empty();
+  EXPECT_EQ(port.stats().parked, 1u);
+  for (size_t n = 1; n <= 20; ++n) {
+    send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+    const auto end = std::chrono::steady_clock::now() + 2000ms;
+    while (arrived() < n && std::chrono::steady_clock::now() < end) poll_empty();
+    ASSERT_EQ(arrived(), n);
+    // A millisecond more of polling: a woken port thread would have its turn here.
+    for (auto until = std::chrono::steady_clock::now() + 1ms;
+         std::chrono::steady_clock::now() < until;)
+      poll_empty();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < by.size(); ++i)
+      EXPECT_EQ(by[i], std::this_thread::get_id()) << "datagram " << i;
+  }
+  EXPECT_EQ(port.stats().parked, 1u) << "parked once, for as long as it polled";
+
+  // Completions found: the application may wait elsewhere now, the port's thread receives.
+  port.poll_found();
+  send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+  for (int i = 0; i < 2000 && arrived() < 21; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(arrived(), 21u);
+  // Parked again, then the application goes away without a word: the port's thread takes
+  // the socket back after the grace period and receives what waits.
+  for (int i = 0; i < 4; ++i) poll_empty();
+  EXPECT_EQ(port.stats().parked, 2u);
+  send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+  for (int i = 0; i < 3000 && arrived() < 22; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(arrived(), 22u);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_NE(by[20], std::this_thread::get_id());
+  EXPECT_NE(by[21], std::this_thread::get_id());
+}
+
 // The kernel coalesces by addresses and ports only: one super-datagram may hold datagrams
 // for QPs of two processes (here two ports of one process, slots 7 and 9), and is steered by
 // its first. Each datagram still reaches its own port, whole and in order, the other's

@@ -176,6 +176,8 @@ struct PortForkGuard {
         new (&p->open_mu_) std::mutex;
         new (&p->timer_mu_) std::mutex;
         new (&p->stats_mu_) std::mutex;
+        new (&p->group_mu_) std::mutex;
+        new (&p->park_mu_) std::mutex;
         new (&p->rounds_cv_) std::condition_variable;
         p->close_fds();
         p->users_ = 0;
@@ -200,6 +202,7 @@ Port::Port(PortConfig config, DatagramHandler on_datagram, TimerHandler on_timer
       rx_buffers_(new uint8_t[kBatch * kRxBufferBytes]),
       forward_buffer_(sizeof(ForwardHeader) + kMaxDatagram) {
   if (config_.state_dir.empty()) config_.state_dir = softverbs::state_dir();
+  if (config_.park_grace_ns < 0) config_.park_grace_ns = park_grace_from_env();
   static std::once_flag once;
   std::call_once(once, [] {
     pthread_atfork(PortForkGuard::prepare, PortForkGuard::parent, PortForkGuard::child);
@@ -234,6 +237,9 @@ int Port::acquire() {
   }
   slot_ = config_.slot > 0 ? config_.slot : my_slot();
   if (slot_ <= 0 || reserved_slot(slot_)) return -ENOSPC;  // no registry slot: no QPNs
+  group_parked_ = false;  // the new thread receives until an application polls
+  recheck_pending_ = false;
+  idle_polls_ = 0;
   auto fail = [this](int err) {
     close_fds();
     return -err;
@@ -309,7 +315,7 @@ int Port::acquire() {
     epoll_event ev{};
     // The group socket is one-shot: re-armed after each wake-up unless an application
     // polls it itself (rearm_group).
-    ev.events = tag == kTagGroup && busy_poll_grace_ns() ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
+    ev.events = tag == kTagGroup ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
     ev.data.u32 = tag;
     if (epoll_ctl(fd_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
   }
@@ -362,10 +368,10 @@ namespace {
 
 }  // namespace
 
-int64_t detail::busy_poll_grace_ns() {
+int64_t detail::park_grace_from_env() {
   static const int64_t ns = [] {
-    const char* v = std::getenv("SOFTVERBS_BUSY_POLL");
-    long us = v && *v ? std::atol(v) : 0;
+    const char* v = std::getenv("SOFTVERBS_POLL_PARK");
+    long us = v && *v ? std::atol(v) : 1000;
     return us > 0 ? int64_t{us} * 1000 : int64_t{0};
   }();
   return ns;
@@ -575,9 +581,7 @@ void Port::handle_timers() {
   for (uint64_t id : due) {
     if (id == kRoundRetry) start_round();
     else if (id == kRoundDeadline) finish_round_if_done(true);
-    else if (id == kGroupRecheck) {
-      if (group_parked_.load(std::memory_order_acquire)) rearm_group();
-    }
+    else if (id == kGroupRecheck) recheck_parked();
     else if (on_timer_) on_timer_(id);
   }
 }
@@ -592,7 +596,7 @@ void Port::loop() {
       switch (events[i].data.u32) {
         case kTagGroup:
           handle_group();
-          if (busy_poll_grace_ns()) rearm_group();
+          rearm_group();
           break;
         case kTagForward: handle_forwarded(); break;
         case kTagAnswers: handle_answers(); break;
@@ -607,34 +611,90 @@ void Port::handle_commands() {
   uint64_t count;
   (void)!read(fd_wake_, &count, sizeof count);
   if (round_wanted_.exchange(false)) start_round();
-  if (group_parked_.load(std::memory_order_acquire)) rearm_group();
+}
+
+// ---- who receives: the port's thread, or an application polling its CQ ------------------
+//
+// The port's thread must receive whenever nobody else does (an RDMA WRITE lands while its
+// target polls memory, not a CQ). But an application that spins on an empty CQ receives by
+// itself (poll): waking the port's thread for each packet too would only take the CPU from
+// it, and make both fight over the socket. So after kParkAfterIdlePolls empty polls in a row
+// the group socket is parked (left out of epoll), until the application finds completions
+// (it may go and poll memory next), asks for an event, or stops polling for park_grace_ns
+// (the port's thread checks that on a timer while parked).
+
+void Port::arm_group_locked(bool armed) {
+  if (fd_group_ < 0) return;
+  epoll_event ev{};
+  ev.events = armed ? EPOLLIN | EPOLLONESHOT : EPOLLONESHOT;  // without EPOLLIN: never woken
+  ev.data.u32 = kTagGroup;
+  epoll_ctl(fd_epoll_, EPOLL_CTL_MOD, fd_group_, &ev);
+}
+
+void Port::park_group() {
+  std::lock_guard<std::mutex> lock(park_mu_);
+  if (group_parked_.load(std::memory_order_relaxed)) return;
+  group_parked_.store(true, std::memory_order_release);
+  arm_group_locked(false);
+  {
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
+    ++stats_.parked;
+  }
+  // One recheck at a time: a ping-pong parks and unparks every message, and a timer set
+  // each time would cost a system call and wake this thread for nothing.
+  if (!recheck_pending_.exchange(true))
+    schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(config_.park_grace_ns));
+}
+
+void Port::unpark_group() {
+  std::lock_guard<std::mutex> lock(park_mu_);
+  if (!group_parked_.load(std::memory_order_relaxed)) return;
+  group_parked_.store(false, std::memory_order_release);
+  arm_group_locked(true);  // the recheck stays: cancelling it would not stop the timerfd
+}
+
+void Port::poll_idle() {
+  if (config_.park_grace_ns == 0 || group_parked_.load(std::memory_order_relaxed)) return;
+  if (idle_polls_.fetch_add(1, std::memory_order_relaxed) + 1 >= kParkAfterIdlePolls) {
+    idle_polls_.store(0, std::memory_order_relaxed);
+    park_group();
+  }
+}
+
+void Port::poll_found() {
+  idle_polls_.store(0, std::memory_order_relaxed);
+  if (group_parked_.load(std::memory_order_acquire)) unpark_group();
 }
 
 void Port::poll_stop() {
   app_polled_ns_.store(0, std::memory_order_relaxed);
-  // The thread left the socket to the application: it must take it back now.
-  if (group_parked_.load(std::memory_order_acquire) && fd_wake_ >= 0) {
-    uint64_t one = 1;
-    (void)!write(fd_wake_, &one, sizeof one);
-  }
+  poll_found();
 }
 
-// After a wake-up on the group socket (one-shot): while an application polls the socket
-// itself, waking this thread for its packets would only take the CPU from it, so the socket
-// stays parked and the thread looks again after kAppPollGrace; otherwise it is re-armed.
+// After a wake-up on the group socket (one-shot): armed again unless an application took
+// the socket meanwhile.
 void Port::rearm_group() {
+  std::lock_guard<std::mutex> lock(park_mu_);
+  if (!group_parked_.load(std::memory_order_relaxed)) arm_group_locked(true);
+}
+
+// Parked: the application still polls, or the socket comes back to this thread.
+void Port::recheck_parked() {
+  const int64_t grace = config_.park_grace_ns;
+  std::lock_guard<std::mutex> lock(park_mu_);
+  recheck_pending_.store(false);
+  if (!group_parked_.load(std::memory_order_relaxed)) return;
   const int64_t polled = app_polled_ns_.load(std::memory_order_relaxed);
-  const int64_t grace = busy_poll_grace_ns();
   if (polled != 0 && steady_ns() - polled < grace) {
-    group_parked_.store(true, std::memory_order_release);
+    recheck_pending_.store(true);
     schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(grace));
     return;
   }
   group_parked_.store(false, std::memory_order_release);
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLONESHOT;
-  ev.data.u32 = kTagGroup;
-  epoll_ctl(fd_epoll_, EPOLL_CTL_MOD, fd_group_, &ev);
+  idle_polls_.store(0, std::memory_order_relaxed);
+  arm_group_locked(true);
+  // Packets that came while nobody looked wait in the socket: an armed one-shot socket
+  // with data reports it at the next epoll_wait.
 }
 
 void Port::request_reroute() {
@@ -653,7 +713,7 @@ void Port::handle_group() {
 }
 
 int Port::poll() {
-  if (busy_poll_grace_ns()) app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
+  if (config_.park_grace_ns) app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
   return receive_group_locked(true);

@@ -78,6 +78,9 @@ struct PortConfig {
   uint16_t udp_port = kRoceV2Port;  // tests use their own
   int slot = 0;                     // our registry slot; 0: wire::my_slot() at open
   std::string state_dir;            // for the group's lock file; empty: the state directory
+  // How long the socket stays left to an application after its last poll (Port::poll_idle);
+  // negative: SOFTVERBS_POLL_PARK (microseconds; default 1000, 0: never left to it).
+  int64_t park_grace_ns = -1;
 };
 
 struct PortStats {
@@ -86,6 +89,7 @@ struct PortStats {
   uint64_t forwarded_out = 0;    // arrived here for another process, passed on
   uint64_t dropped = 0;          // too short, truncated, for no live process, bad forward
   uint64_t coalesced = 0;        // datagrams that came in a UDP GRO super-datagram
+  uint64_t parked = 0;           // times the socket was left to a polling application
   uint64_t probe_rounds = 0;     // programs attached by this process
   uint32_t group_size = 0;       // members our last round found
 };
@@ -124,6 +128,12 @@ class Port {
   // application polling its CQ: its packets then need no wake-up of the port's thread, nor
   // a CPU for it). 0 when nothing was waiting or the port's thread is receiving already.
   int poll();
+  // What the application's poll found, after poll(): nothing (poll_idle; several in a row
+  // mean it waits on its CQ, so the port's thread leaves the socket to it and is not woken
+  // for every packet), or completions (poll_found: it may now wait elsewhere, polling
+  // memory for an RDMA WRITE, say, so the port's thread receives again).
+  void poll_idle();
+  void poll_found();
   // The application stops polling (it is about to sleep until a completion event): the
   // port's thread receives again at once.
   void poll_stop();
@@ -150,6 +160,7 @@ class Port {
   int receive_group_locked(bool once);  // caller holds group_mu_
   int route_received(msghdr& msg, size_t size);
   void rearm_group();  // the port's thread, after a wake-up on the group socket
+  void recheck_parked();  // the port's thread, kGroupRecheck
   void handle_forwarded();
   void handle_answers();
   void handle_timers();
@@ -210,9 +221,16 @@ class Port {
   // receive buffers, forwarding and the datagram handler are one receiver's at a time.
   std::mutex group_mu_;
   // When an application last polled the group socket itself (steady clock, ns; 0: it
-  // stopped), and whether the port's thread left the socket to it (not armed in epoll).
+  // stopped), its empty polls in a row, and whether the port's thread left the socket to it
+  // (not armed in epoll; changed under park_mu_, with the epoll_ctl that makes it true).
   std::atomic<int64_t> app_polled_ns_{0};
+  std::atomic<int> idle_polls_{0};
   std::atomic<bool> group_parked_{false};
+  std::atomic<bool> recheck_pending_{false};  // kGroupRecheck is scheduled
+  std::mutex park_mu_;
+  void park_group();
+  void unpark_group();
+  void arm_group_locked(bool armed);  // park_mu_ held
   std::unique_ptr<uint8_t[]> rx_buffers_;     // kBatch x kRxBufferBytes, under group_mu_
   std::vector<uint8_t> forward_buffer_;        // the port's thread's, for handle_forwarded
   std::vector<Clock::time_point> forward_congested_until_;  // by slot

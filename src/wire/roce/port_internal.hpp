@@ -34,10 +34,13 @@ inline constexpr uint64_t kInternalTimer = uint64_t(1) << 63;
 inline constexpr uint64_t kRoundRetry = kInternalTimer | 1;
 inline constexpr uint64_t kRoundDeadline = kInternalTimer | 2;
 inline constexpr uint64_t kGroupRecheck = kInternalTimer | 3;
-// SOFTVERBS_BUSY_POLL=MICROSECONDS: how long after an application's last Port::poll the
-// port's thread leaves the group socket to it (then it looks again, and takes it back once
-// the application stopped polling). 0 (the default): the thread always receives too.
-int64_t busy_poll_grace_ns();
+// An application that polls an empty CQ this many times in a row is waiting on it: the
+// port's thread leaves the group socket to it (Port::poll_idle).
+inline constexpr int kParkAfterIdlePolls = 4;
+// SOFTVERBS_POLL_PARK=MICROSECONDS (default 1000, 0: never park): while the socket is left to
+// a polling application, the port's thread looks this often whether it still polls, and
+// takes the socket back once it stopped.
+int64_t park_grace_from_env();
 inline constexpr uint32_t kProbesPerStep = 16;
 inline constexpr uint32_t kMaxProbes = kSlots + 64;
 inline constexpr auto kRoundTimeout = std::chrono::milliseconds(50);
