@@ -110,9 +110,8 @@ enum CmSidrStatus : uint8_t {
 
 // A REQ's primary or alternate path. Over RoCE v2 (as the kernel fills it): both LIDs are
 // 0xffff (the permissive LID), the GIDs are the RoCE v2 GIDs (::ffff:a.b.c.d for IPv4),
-// traffic class, hop limit and flow label are the IP header's (the flow label also picks
-// the UDP source port), subnet_local is set only when hop_limit <= 1, and the packet rate
-// is the IB rate enum (0: the port's current rate).
+// traffic class, hop limit and flow label are the IP header's, subnet_local is set only
+// when hop_limit <= 1, and the packet rate is the IB rate enum (rxe sends 0).
 struct CmPath {
   uint16_t local_lid = 0;
   uint16_t remote_lid = 0;
