@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "wire/roce/cm_msg.hpp"
+
 namespace softverbs::cm {
 
 inline constexpr uint32_t kMsgMagic = 0x5356434d;  // "SVCM"
@@ -30,12 +32,13 @@ enum class MsgType : uint16_t {
 // Private data sizes as the application sees them over RoCE (IB CM's fixed field sizes
 // minus the 36-byte rdma_cm header where rdma_cm adds one): what a sender may pass, and
 // what the receiver's event reports (zero-padded).
-inline constexpr uint8_t kReqPrivate = 56;
-inline constexpr uint8_t kRepPrivate = 196;
-inline constexpr uint8_t kRejPrivate = 148;
-inline constexpr uint8_t kSidrReqPrivate = 180;
-inline constexpr uint8_t kSidrRepPrivate = 136;
-inline constexpr size_t kMaxPrivate = 224;
+namespace wr = wire::roce;
+inline constexpr uint8_t kReqPrivate = wr::kReqPrivateBytes - wr::kCmaHeaderBytes;  // 56
+inline constexpr uint8_t kRepPrivate = wr::kRepPrivateBytes;                        // 196
+inline constexpr uint8_t kRejPrivate = wr::kRejPrivateBytes;                        // 148
+inline constexpr uint8_t kSidrReqPrivate = wr::kSidrReqPrivateBytes - wr::kCmaHeaderBytes;  // 180
+inline constexpr uint8_t kSidrRepPrivate = wr::kSidrRepPrivateBytes;                // 136
+inline constexpr size_t kMaxPrivate = wr::kRtuPrivateBytes;                         // 224, the largest
 
 inline uint8_t private_size(MsgType t) {
   switch (t) {

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstring>
 
+#include "wire/roce/bytes.hpp"
+
 namespace softverbs::wire::roce {
 namespace {
 
@@ -91,28 +93,6 @@ const Table& table() {
   static const Table t = build_table();
   return t;
 }
-
-void put16(uint8_t* p, uint32_t v) {
-  p[0] = uint8_t(v >> 8);
-  p[1] = uint8_t(v);
-}
-void put24(uint8_t* p, uint32_t v) {
-  p[0] = uint8_t(v >> 16);
-  p[1] = uint8_t(v >> 8);
-  p[2] = uint8_t(v);
-}
-void put32(uint8_t* p, uint32_t v) {
-  put16(p, v >> 16);
-  put16(p + 2, v);
-}
-void put64(uint8_t* p, uint64_t v) {
-  put32(p, uint32_t(v >> 32));
-  put32(p + 4, uint32_t(v));
-}
-uint32_t get16(const uint8_t* p) { return uint32_t(p[0]) << 8 | p[1]; }
-uint32_t get24(const uint8_t* p) { return uint32_t(p[0]) << 16 | get16(p + 1); }
-uint32_t get32(const uint8_t* p) { return get16(p) << 16 | get16(p + 2); }
-uint64_t get64(const uint8_t* p) { return uint64_t(get32(p)) << 32 | get32(p + 4); }
 
 // A multi-packet message's FIRST and MIDDLE packets are a whole path MTU, a multiple of 4,
 // so only LAST and ONLY packets can need pad.

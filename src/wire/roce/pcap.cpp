@@ -6,17 +6,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "wire/roce/bytes.hpp"
+
 namespace softverbs::wire::roce {
 namespace {
 
 constexpr uint32_t kMagicNanoseconds = 0xa1b23c4d;
 constexpr uint32_t kLinkTypeEthernet = 1;
 constexpr uint32_t kSnapLen = 262144;
-
-void put16(uint8_t* p, uint32_t v) {
-  p[0] = uint8_t(v >> 8);
-  p[1] = uint8_t(v);
-}
 
 // One's complement sum of 16-bit big-endian words (RFC 1071), not yet folded.
 uint64_t ones_sum(const uint8_t* p, size_t n, uint64_t sum = 0) {
