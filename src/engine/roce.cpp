@@ -153,8 +153,12 @@ OutBatch& out_batch() {
 
 uint16_t roce_udp_port() {
   // Tests on one machine may move the whole RoCE v2 wire to another port.
-  if (const char* p = std::getenv("SOFTVERBS_ROCE_PORT"); p && *p) return uint16_t(std::atoi(p));
-  return rw::kRoceV2Port;
+  // Read once: every received packet's ICRC check asks for it.
+  static const uint16_t port = [] {
+    const char* p = std::getenv("SOFTVERBS_ROCE_PORT");
+    return p && *p ? uint16_t(std::atoi(p)) : rw::kRoceV2Port;
+  }();
+  return port;
 }
 
 // This process's share of UDP port 4791, opened with the first link and closed with the
