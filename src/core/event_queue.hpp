@@ -15,6 +15,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -25,6 +26,15 @@
 #include <mutex>
 
 namespace softverbs {
+
+// Another fd a blocking waiter sleeps on beside the queue's, and what it does around that
+// sleep: a waiter on a CQ fed from the wire sleeps on the port's socket too, and receives
+// what arrives itself (refill), one wake-up instead of the port thread's and then ours.
+struct SleepAlso {
+  int fd = -1;
+  void (*begin)() = nullptr;  // before the first sleep
+  void (*end)() = nullptr;    // on the way out, when begin ran
+};
 
 template <typename T>
 class EventQueue {
@@ -90,7 +100,15 @@ class EventQueue {
   // not leave the fd readable with nothing pending; one that arrives after it stays counted,
   // so none is lost.
   template <typename F, typename R>
-  int wait_pop(T* out, F&& deliver, R&& refill) {
+  int wait_pop(T* out, F&& deliver, R&& refill, const SleepAlso& also = {}) {
+    bool began = false;
+    struct EndOnExit {
+      const SleepAlso& also;
+      bool& began;
+      ~EndOnExit() {
+        if (began && also.end) also.end();
+      }
+    } end_on_exit{also, began};
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -108,8 +126,18 @@ class EventQueue {
       int flags = ::fcntl(fd_, F_GETFL);  // only on the way to sleep
       if (flags < 0) return -1;
       bool nonblocking = flags & O_NONBLOCK;
-      epoll_event ev;
-      int ready = ::epoll_wait(fd_, &ev, 1, nonblocking ? 0 : -1);
+      int ready;
+      if (also.fd >= 0 && !nonblocking) {
+        if (!began && also.begin) {  // what arrived before it waits in also.fd: poll sees it
+          also.begin();
+          began = true;
+        }
+        pollfd fds[2] = {{fd_, POLLIN, 0}, {also.fd, POLLIN, 0}};
+        ready = ::poll(fds, 2, -1);
+      } else {
+        epoll_event ev;
+        ready = ::epoll_wait(fd_, &ev, 1, nonblocking ? 0 : -1);
+      }
       if (ready < 0 && errno != EINTR) return -1;
       if (ready == 0 && nonblocking) {
         errno = EAGAIN;

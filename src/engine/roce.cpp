@@ -526,6 +526,10 @@ bool roce_post(Qp* qp, SendWqe& w) {
 
 bool roce_poll() { return port().poll() > 0; }
 
+int roce_wait_fd() { return port().group_fd(); }
+void roce_wait_begin() { port().wait_begin(); }
+void roce_wait_end() { port().wait_end(); }
+
 void roce_poll_result(bool found) {
   if (found) port().poll_found();
   else port().poll_idle();

@@ -28,6 +28,11 @@ bool roce_poll();
 // What such a poll returned: nothing (found=false: the application waits on the CQ), or
 // completions. Decides whether the port's thread or the application receives (Port).
 void roce_poll_result(bool found);
+// For a thread about to sleep in ibv_get_cq_event on a channel of such CQs: the port's
+// socket to sleep on too (-1: none open), and the calls around that sleep (Port::wait_*).
+int roce_wait_fd();
+void roce_wait_begin();
+void roce_wait_end();
 // The application arms such a CQ (it will sleep until an event): stop relying on its polls.
 void roce_poll_stop();
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more).

@@ -226,12 +226,25 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   };
   // A peer that finds one of our CQs armed after leaving a message in a receive window
   // wakes this channel directly: the messages become completions (and events) here.
-  auto refill = [ch] {
+  bool wire = false;  // a CQ of the channel is fed by QPs on the wire
+  {
     std::lock_guard<std::mutex> lock(ch->cqs_mu);
-    for (Cq* c : ch->cqs)
-      if (c->has_inbound.load(std::memory_order_relaxed)) engine::drain_inbound(c);
+    for (Cq* c : ch->cqs) wire = wire || c->roce_fed.load(std::memory_order_relaxed);
+  }
+  auto refill = [ch, wire] {
+    {
+      std::lock_guard<std::mutex> lock(ch->cqs_mu);
+      for (Cq* c : ch->cqs)
+        if (c->has_inbound.load(std::memory_order_relaxed)) engine::drain_inbound(c);
+    }
+    // Packets from the wire become completions (and the armed CQs' events) here.
+    if (wire) engine::roce_poll();
   };
-  int rc = ch->events.wait_pop(&cq, deliver, refill);
+  // Asleep, this thread also waits on the port's socket and receives what wakes it: one
+  // wake-up per message instead of the port thread's and then this one.
+  SleepAlso also;
+  if (wire) also = {engine::roce_wait_fd(), &engine::roce_wait_begin, &engine::roce_wait_end};
+  int rc = ch->events.wait_pop(&cq, deliver, refill, also);
   if (rc != 0) return rc;
   *out_cq = cq->cq();
   *out_context = cq->cq()->cq_context;

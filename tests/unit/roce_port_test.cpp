@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -346,6 +347,40 @@ TEST(RocePort, AnApplicationWaitingOnItsCqReceivesAloneUntilItStops) {
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_NE(by[20], std::this_thread::get_id());
   EXPECT_NE(by[21], std::this_thread::get_id());
+}
+
+// A thread asleep in ibv_get_cq_event sleeps on the group socket too (wait_begin): the
+// packet wakes it alone, and it receives the packet itself; after wait_end the port's
+// thread receives again.
+TEST(RocePort, AWaiterSleepingOnTheSocketIsWokenAloneAndReceives) {
+  const uint16_t udp_port = free_udp_port();
+  Inbox inbox;
+  std::atomic<bool> on_port_thread{false};
+  const auto me = std::this_thread::get_id();
+  TempStateDir dir;
+  Port port({udp_port, 7, dir.path, 1'000'000'000}, [&](const Datagram& d) {
+    if (std::this_thread::get_id() != me) on_port_thread = true;
+    inbox.take(d);
+  }, nullptr);
+  ASSERT_EQ(port.acquire(), 0);
+  ASSERT_TRUE(port.wait_rerouted(2000ms));
+  const auto pkt = bth_for_qpn(7u << kQpnSlotShift | 3);
+  port.wait_begin();
+  EXPECT_EQ(port.stats().parked, 1u);
+  port.poll_stop();  // req_notify_cq while another thread waits: the socket stays parked
+  port.poll_found();
+  send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+  pollfd p{port.group_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 2000), 1) << "the datagram wakes the waiter";
+  std::this_thread::sleep_for(50ms);  // a woken port thread would have taken it by now
+  EXPECT_EQ(inbox.count(), 0u);
+  EXPECT_EQ(port.poll(), 1);
+  EXPECT_EQ(inbox.count(), 1u);
+  EXPECT_FALSE(on_port_thread);
+  port.wait_end();
+  send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+  ASSERT_TRUE(inbox.wait_for(2));
+  EXPECT_TRUE(on_port_thread);
 }
 
 // The kernel coalesces by addresses and ports only: one super-datagram may hold datagrams

@@ -632,6 +632,7 @@ void Port::arm_group_locked(bool armed) {
 }
 
 void Port::park_group() {
+  if (config_.park_grace_ns == 0) return;
   std::lock_guard<std::mutex> lock(park_mu_);
   if (group_parked_.load(std::memory_order_relaxed)) return;
   group_parked_.store(true, std::memory_order_release);
@@ -663,12 +664,24 @@ void Port::poll_idle() {
 
 void Port::poll_found() {
   idle_polls_.store(0, std::memory_order_relaxed);
+  // A thread asleep in wait_begin receives every packet: the socket stays with it.
+  if (waiters_.load(std::memory_order_acquire) > 0) return;
   if (group_parked_.load(std::memory_order_acquire)) unpark_group();
 }
 
 void Port::poll_stop() {
   app_polled_ns_.store(0, std::memory_order_relaxed);
   poll_found();
+}
+
+void Port::wait_begin() {
+  waiters_.fetch_add(1, std::memory_order_acq_rel);
+  park_group();
+}
+
+void Port::wait_end() {
+  waiters_.fetch_sub(1, std::memory_order_acq_rel);
+  poll_found();  // unless another thread still waits
 }
 
 // After a wake-up on the group socket (one-shot): armed again unless an application took
@@ -685,7 +698,7 @@ void Port::recheck_parked() {
   recheck_pending_.store(false);
   if (!group_parked_.load(std::memory_order_relaxed)) return;
   const int64_t polled = app_polled_ns_.load(std::memory_order_relaxed);
-  if (polled != 0 && steady_ns() - polled < grace) {
+  if (waiters_.load(std::memory_order_acquire) > 0 || (polled != 0 && steady_ns() - polled < grace)) {
     recheck_pending_.store(true);
     schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(grace));
     return;

@@ -137,6 +137,11 @@ class Port {
   // The application stops polling (it is about to sleep until a completion event): the
   // port's thread receives again at once.
   void poll_stop();
+  // A thread that sleeps in ibv_get_cq_event on the group socket too (group_fd), and
+  // receives what wakes it with poll(): meanwhile the port's thread is not woken for packets.
+  int group_fd() const { return fd_group_; }
+  void wait_begin();
+  void wait_end();
 
   // Timers, on the port's thread: on_timer(id) once at `when` (or soon after). Scheduling
   // an id that is pending moves it. Any thread; they fire only while the port is open.
@@ -227,6 +232,7 @@ class Port {
   std::atomic<int> idle_polls_{0};
   std::atomic<bool> group_parked_{false};
   std::atomic<bool> recheck_pending_{false};  // kGroupRecheck is scheduled
+  std::atomic<int> waiters_{0};               // threads between wait_begin and wait_end
   std::mutex park_mu_;
   void park_group();
   void unpark_group();
