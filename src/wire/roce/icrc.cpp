@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -219,23 +220,14 @@ __attribute__((target("pclmul,sse4.1"))) inline __m128i load16(const uint8_t* at
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
 }
 
-__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, const uint8_t* p,
+// Four 128-bit lanes (64 bytes folded so far, the rest `p`, `n` a multiple of 16) to the CRC.
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_lanes(__m128i x1, __m128i x2, __m128i x3,
+                                                                __m128i x4, const uint8_t* p,
                                                                 size_t n) {
-  const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);
   const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
   const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124);
   const __m128i poly_mu = _mm_set_epi64x(0x1f7011641, 0x1db710641);
   const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
-  __m128i x1 = _mm_xor_si128(load16(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
-  __m128i x2 = load16(p + 16), x3 = load16(p + 32), x4 = load16(p + 48);
-  p += 64;
-  n -= 64;
-  for (; n >= 64; n -= 64, p += 64) {
-    x1 = _mm_xor_si128(clmul_fold(x1, k1k2), load16(p));
-    x2 = _mm_xor_si128(clmul_fold(x2, k1k2), load16(p + 16));
-    x3 = _mm_xor_si128(clmul_fold(x3, k1k2), load16(p + 32));
-    x4 = _mm_xor_si128(clmul_fold(x4, k1k2), load16(p + 48));
-  }
   x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x2);
   x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x3);
   x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x4);
@@ -251,6 +243,65 @@ __attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, cons
   return static_cast<uint32_t>(_mm_extract_epi32(_mm_xor_si128(t, x1), 1));
 }
 
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, const uint8_t* p,
+                                                                size_t n) {
+  const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);  // x^480, x^544: 512 bits on
+  __m128i x1 = _mm_xor_si128(load16(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
+  __m128i x2 = load16(p + 16), x3 = load16(p + 32), x4 = load16(p + 48);
+  p += 64;
+  n -= 64;
+  for (; n >= 64; n -= 64, p += 64) {
+    x1 = _mm_xor_si128(clmul_fold(x1, k1k2), load16(p));
+    x2 = _mm_xor_si128(clmul_fold(x2, k1k2), load16(p + 16));
+    x3 = _mm_xor_si128(clmul_fold(x3, k1k2), load16(p + 32));
+    x4 = _mm_xor_si128(clmul_fold(x4, k1k2), load16(p + 48));
+  }
+  return crc32_lanes(x1, x2, x3, x4, p, n);
+}
+
+// The same with AVX-512 VPCLMULQDQ: a 512-bit register is the four lanes above, and four of
+// them take 256 bytes a step, each folded 2048 bits on (x^2016 and x^2080 mod P, reflected
+// and shifted as the 512-bit constants are); then the four fold into one 512 bits apart.
+// About twice the speed on 1 KiB packets, where most of a RoCE datagram's CRC time goes.
+#define SV_AVX512_CLMUL __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.1")))
+SV_AVX512_CLMUL inline __m512i clmul_fold512(__m512i x, __m512i k) {
+  return _mm512_xor_si512(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11));
+}
+
+SV_AVX512_CLMUL uint32_t crc32_vclmul(uint32_t reg, const uint8_t* p, size_t n) {
+  const __m512i k2048 = _mm512_set_epi64(0x1322d1430, 0x11542778a, 0x1322d1430, 0x11542778a,
+                                         0x1322d1430, 0x11542778a, 0x1322d1430, 0x11542778a);
+  const __m512i k512 = _mm512_set_epi64(0x1c6e41596, 0x154442bd4, 0x1c6e41596, 0x154442bd4,
+                                        0x1c6e41596, 0x154442bd4, 0x1c6e41596, 0x154442bd4);
+  __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p),
+                                _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(reg))));
+  __m512i a1 = _mm512_loadu_si512(p + 64), a2 = _mm512_loadu_si512(p + 128),
+          a3 = _mm512_loadu_si512(p + 192);
+  p += 256;
+  n -= 256;
+  for (; n >= 256; n -= 256, p += 256) {
+    a0 = _mm512_xor_si512(clmul_fold512(a0, k2048), _mm512_loadu_si512(p));
+    a1 = _mm512_xor_si512(clmul_fold512(a1, k2048), _mm512_loadu_si512(p + 64));
+    a2 = _mm512_xor_si512(clmul_fold512(a2, k2048), _mm512_loadu_si512(p + 128));
+    a3 = _mm512_xor_si512(clmul_fold512(a3, k2048), _mm512_loadu_si512(p + 192));
+  }
+  a0 = _mm512_xor_si512(clmul_fold512(a0, k512), a1);
+  a0 = _mm512_xor_si512(clmul_fold512(a0, k512), a2);
+  a0 = _mm512_xor_si512(clmul_fold512(a0, k512), a3);
+  for (; n >= 64; n -= 64, p += 64) a0 = _mm512_xor_si512(clmul_fold512(a0, k512), _mm512_loadu_si512(p));
+  alignas(64) __m128i lanes[4];  // (gcc 12's lane-extract intrinsics warn spuriously)
+  _mm512_store_si512(lanes, a0);
+  return crc32_lanes(lanes[0], lanes[1], lanes[2], lanes[3], p, n);
+}
+#undef SV_AVX512_CLMUL
+
+bool have_vclmul() {
+  static const bool yes = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("vpclmulqdq") && !std::getenv("SOFTVERBS_NO_AVX512");
+  return yes;
+}
+
 bool have_clmul() {
   static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
   return yes;
@@ -263,7 +314,12 @@ uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
   // zlib's CRC-32 (the same polynomial and reflection: zlib's crc32(c, p, n) is
   // ~crc32_update(~c, p, n)); both beat the tables below (on this VM: tables 2.2 GB/s,
   // zlib 3.8).
-  if (n >= 64 && have_clmul()) {
+  if (n >= 256 && have_vclmul()) {
+    size_t bulk = n & ~size_t{15};
+    reg = crc32_vclmul(reg, data, bulk);
+    data += bulk;
+    n -= bulk;
+  } else if (n >= 64 && have_clmul()) {
     size_t bulk = n & ~size_t{15};
     reg = crc32_clmul(reg, data, bulk);
     data += bulk;
