@@ -133,6 +133,11 @@ struct OutBatch {
   uint32_t segments[kMaxGroups];  // packets in each group
   bool closed[kMaxGroups];         // a shorter last packet ends a group
   size_t n = 0;
+  // Gathered sends: each group's pieces, in order (headers and trailers in `data`).
+  static constexpr size_t kMaxIov = 2048;  // a sendmsg takes up to 1024 (UIO_MAXIOV)
+  static constexpr size_t kMaxGroupIov = 1000;
+  iovec iov[kMaxIov];
+  size_t niov = 0;
 };
 // SOFTVERBS_NO_GSO=1: one datagram per send (for comparisons, and kernels without it).
 // Off as well under SOFTVERBS_FAULTS, which drops, holds back and repeats single datagrams
@@ -145,6 +150,17 @@ bool gso_enabled() {
   }();
   return on;
 }
+// Payload is gathered from registered memory (sendmsg's iovecs) rather than copied into the
+// batch first, except when each datagram must be whole in one place: for the trace, and for
+// the fault injector (which also turns GSO off).
+bool gather_enabled() {
+  static const bool faults = [] {
+    const char* f = std::getenv("SOFTVERBS_FAULTS");
+    return f && *f;
+  }();
+  return !faults && !trace();
+}
+
 OutBatch& out_batch() {
   thread_local std::unique_ptr<OutBatch> batch;
   if (!batch) batch = std::make_unique<OutBatch>();
@@ -201,17 +217,16 @@ struct RoceLink final : packet::Env {
       ud_dest.pop_front();
     }
     OutBatch& batch = out_batch();
-    if (batch.used + kMaxDatagram > OutBatch::kBytes || batch.n == OutBatch::kMaxGroups) flush();
+    const bool gather = gather_enabled();
+    if (batch.used + kMaxDatagram > OutBatch::kBytes || batch.n == OutBatch::kMaxGroups ||
+        batch.niov + payload.size() + 2 > OutBatch::kMaxIov)
+      flush();
     uint8_t* buf = batch.data + batch.used;
-    size_t off = rw::encode_headers(pkt, pkt.payload_len, buf, kMaxDatagram);
-    if (!off || off + pkt.payload_len + 3 + rw::kIcrcBytes > kMaxDatagram) return;
-    for (const packet::Iov& v : payload) {
-      std::memcpy(buf + off, v.addr, v.len);
-      off += v.len;
-    }
-    uint8_t pad = rw::pad_bytes(pkt.payload_len);
-    std::memset(buf + off, 0, pad + rw::kIcrcBytes);
-    off += pad + rw::kIcrcBytes;
+    const size_t header = rw::encode_headers(pkt, pkt.payload_len, buf, kMaxDatagram);
+    const uint8_t pad = rw::pad_bytes(pkt.payload_len);
+    const size_t off = header + pkt.payload_len + pad + rw::kIcrcBytes;  // the datagram
+    if (!header || off > kMaxDatagram) return;
+    const size_t iovs = gather ? payload.size() + 2 : 1;  // header, payload..., trailer
     uint32_t flow = qp->qpn();  // one source socket per QP keeps its packets in order
     rw::IpAddress src = rw::IpAddress::from_gid(s.raw);
     rw::IpAddress dst = rw::IpAddress::from_gid(d.raw);
@@ -224,19 +239,48 @@ struct RoceLink final : packet::Env {
       uint32_t seg = batch.segments[last] == 1 ? static_cast<uint32_t>(o.size) : o.segment;
       if (!batch.closed[last] && o.dst == dst && batch.src[last] == src && o.flow == flow &&
           off <= seg && batch.segments[last] < OutBatch::kMaxSegments &&
-          o.size + off <= OutBatch::kMaxGroupBytes &&
-          static_cast<const uint8_t*>(o.data) + o.size == buf)
+          o.size + off <= OutBatch::kMaxGroupBytes && o.iovcnt + iovs <= OutBatch::kMaxGroupIov &&
+          (gather || static_cast<const uint8_t*>(o.data) + o.size == buf))
         g = last;
     }
     uint16_t ipv4_id = g == batch.n ? 0 : static_cast<uint16_t>(batch.segments[g]);
     rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(flow));
     ctx.ipv4_id = ipv4_id;  // its place in the GSO group: the kernel numbers them so
-    rw::icrc_fill(ctx, buf, off);
-    if (rw::PcapWriter* t = trace()) t->write(ctx, buf, off);
-    batch.used += off;
+    iovec* iov = batch.iov + batch.niov;
+    if (gather) {
+      // The header, then the payload where it lies, then pad and ICRC after the header.
+      rw::IcrcBuilder crc(ctx, off);
+      crc.add(buf, header);
+      *iov++ = {buf, header};
+      for (const packet::Iov& v : payload) {
+        crc.add(v.addr, v.len);
+        *iov++ = {const_cast<uint8_t*>(v.addr), v.len};
+      }
+      uint8_t* trailer = buf + header;
+      std::memset(trailer, 0, pad);
+      crc.add(trailer, pad);
+      const uint32_t value = crc.value();
+      std::memcpy(trailer + pad, &value, rw::kIcrcBytes);  // least significant byte first
+      *iov++ = {trailer, size_t{pad} + rw::kIcrcBytes};
+      batch.used += header + pad + rw::kIcrcBytes;
+    } else {
+      size_t at = header;
+      for (const packet::Iov& v : payload) {
+        std::memcpy(buf + at, v.addr, v.len);
+        at += v.len;
+      }
+      std::memset(buf + at, 0, pad + rw::kIcrcBytes);
+      rw::icrc_fill(ctx, buf, off);
+      if (rw::PcapWriter* t = trace()) t->write(ctx, buf, off);
+      *iov++ = {buf, off};
+      batch.used += off;
+    }
+    batch.niov += iovs;
     if (g == batch.n) {
       batch.src[g] = src;
       batch.out[g] = {dst, flow, buf, off, &batch.src[g]};
+      batch.out[g].iov = iov - iovs;
+      batch.out[g].iovcnt = iovs;
       batch.segments[g] = 1;
       batch.closed[g] = false;
       ++batch.n;
@@ -245,6 +289,7 @@ struct RoceLink final : packet::Env {
       if (batch.segments[g] == 1) o.segment = static_cast<uint16_t>(o.size);
       if (off < o.segment) batch.closed[g] = true;
       o.size += off;
+      o.iovcnt += iovs;
       ++batch.segments[g];
     }
   }
@@ -256,6 +301,7 @@ struct RoceLink final : packet::Env {
     if (batch.n) port().send_batch(batch.out, batch.n);
     batch.n = 0;
     batch.used = 0;
+    batch.niov = 0;
   }
 
   uint64_t now_ns() override { return now_ns_steady(); }

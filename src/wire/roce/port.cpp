@@ -490,8 +490,8 @@ int Port::send_batch(const OutDatagram* datagrams, size_t count) {
       msgs[n] = {};
       msgs[n].msg_hdr.msg_name = &to[n];
       msgs[n].msg_hdr.msg_namelen = len;
-      msgs[n].msg_hdr.msg_iov = &iov[n];
-      msgs[n].msg_hdr.msg_iovlen = 1;
+      msgs[n].msg_hdr.msg_iov = d.iovcnt ? const_cast<iovec*>(d.iov) : &iov[n];
+      msgs[n].msg_hdr.msg_iovlen = d.iovcnt ? d.iovcnt : 1;
       set_source(msgs[n].msg_hdr, control[n], d.src);
       if (d.segment && d.size > d.segment) {
         // After the source address (if any): the GSO segment size.

@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <array>
 #include <atomic>
@@ -72,6 +73,10 @@ struct OutDatagram {
   // Nonzero: `data` is several datagrams of this size back to back (the last may be
   // shorter), sent as one UDP GSO send (UDP_SEGMENT) that the kernel cuts up.
   uint16_t segment = 0;
+  // When set, the bytes are gathered from these (`size` in all) instead of `data`: headers
+  // in one place, payload straight from registered memory.
+  const iovec* iov = nullptr;
+  size_t iovcnt = 0;
 };
 
 struct PortConfig {
