@@ -663,10 +663,17 @@ void Port::poll_idle() {
 }
 
 void Port::poll_found() {
-  idle_polls_.store(0, std::memory_order_relaxed);
   // A thread asleep in wait_begin receives every packet: the socket stays with it.
   if (waiters_.load(std::memory_order_acquire) > 0) return;
-  if (group_parked_.load(std::memory_order_acquire)) unpark_group();
+  if (!group_parked_.load(std::memory_order_acquire)) {
+    idle_polls_.store(0, std::memory_order_relaxed);
+    return;
+  }
+  unpark_group();
+  // A loop that came back from its CQ with completions and polls it empty again is still
+  // waiting on it: parked again at its first empty poll, before the peer's next packet
+  // (one-sided ping-pongs, whose ACK and next request arrive microseconds apart).
+  idle_polls_.store(kParkAfterIdlePolls - 1, std::memory_order_relaxed);
 }
 
 void Port::poll_stop() {
