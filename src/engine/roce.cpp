@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +32,9 @@
 #include "core/errors.hpp"
 #include "engine/engine.hpp"
 #include "engine/packet/packet_qp.hpp"
+#include "wire/registry.hpp"
 #include "wire/roce/icrc.hpp"
+#include "wire/roce/mad.hpp"
 #include "wire/roce/packet.hpp"
 #include "wire/roce/pcap.hpp"
 #include "wire/roce/port.hpp"
@@ -169,7 +172,7 @@ rw::Port& port() {
 
 struct RoceLink final : packet::Env {
   RoceLink(Qp* q)
-      : qp(q), pq(*this, packet_type(q->type), q->qpn(), q->sq_sig_all),
+      : qp(q), pq(*this, packet_type(q->type), q->source_qpn ? q->source_qpn : q->qpn(), q->sq_sig_all),
         inline_ring(q->cap.max_send_wr + 1) {}
 
   Qp* qp;
@@ -360,6 +363,9 @@ void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
   build_grh(out, gid_of(d.src), gid_of(d.dst), payload);
 }
 
+// The QPN of this process's QP1 agent (roce_claim_gsi), 0 when there is none.
+std::atomic<uint32_t> g_gsi_qpn{0};
+
 void on_datagram(const rw::Datagram& d) {
   rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.src.bytes.data(), d.dst.bytes.data(),
                                                    d.src_port, roce_udp_port());
@@ -375,7 +381,18 @@ void on_datagram(const rw::Datagram& d) {
     t->write(ctx, d.data, d.size);
   }
   if (!decoded || !icrc.ok()) return;  // malformed or damaged: never executed
-  wire::QpRef qp = wire::find_local(pkt.dest_qp);
+  uint32_t dest = pkt.dest_qp;
+  if (dest == rw::kGsiQpn) {
+    // A MAD for the host's CM (decision 0007): our agent's, or the lowest-slot process's
+    // that runs one. The steering sends QP1 to the group's lowest slot, which may have none.
+    dest = g_gsi_qpn.load(std::memory_order_acquire);
+    if (!dest) {
+      if (int to = wire::lowest_slot_with(wire::kSlotHasGsi, wire::my_slot()); to > 0)
+        port().pass_to(d, to);
+      return;
+    }
+  }
+  wire::QpRef qp = wire::find_local(dest);
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link) return;
@@ -534,6 +551,20 @@ size_t roce_in_flight(Qp* qp) {
   if (!link) return 0;
   std::lock_guard<std::mutex> lock(link->mu);
   return link->pq.send_queue_depth();
+}
+
+bool roce_claim_gsi(Qp* qp) {
+  uint32_t none = 0;
+  if (!g_gsi_qpn.compare_exchange_strong(none, qp->qpn())) return false;
+  qp->source_qpn = rw::kGsiQpn;
+  wire::set_my_slot_flag(wire::kSlotHasGsi, true);
+  return true;
+}
+
+void roce_release_gsi(Qp* qp) {
+  if (!qp->source_qpn) return;
+  uint32_t mine = qp->qpn();
+  if (g_gsi_qpn.compare_exchange_strong(mine, 0)) wire::set_my_slot_flag(wire::kSlotHasGsi, false);
 }
 
 void roce_destroy(Qp* qp) {
