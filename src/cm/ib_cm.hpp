@@ -130,6 +130,9 @@ class Cm {
   void on_time(Time now);
   Time next_deadline() const;
 
+  // Where the local IDs start (a restarted process must not reuse its predecessor's).
+  void seed(uint32_t value) { next_ = value & 0x3fffff; }
+
   State state(uint32_t conn) const;
   size_t connections() const { return conns_.size(); }
 
