@@ -622,7 +622,7 @@ int connect_locked(Id* id, const rdma_conn_param* param) {
     id->rnr_retry_count = std::min<uint8_t>(param->rnr_retry_count, 7);
     if (!id->id.qp) id->local_qpn = param->qp_num & 0xffffff;
   }
-  id->psn = random24();
+  if (id->psn == 0) id->psn = random24();  // an application-made QP may have it already
   if (id->remote) {
     if (int err = remote_connect_locked(id, param)) return err;
     return 0;
@@ -673,7 +673,9 @@ int accept_locked(Id* id, const rdma_conn_param* param) {
   id->initiator_depth = clamp_rd(ini, dev.max_qp_init_rd_atom);
   id->retry_count = id->remote_retry_count;  // the requester's choice (IBA 12.7.38)
   id->rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
-  id->psn = random24();
+  // Once chosen, the PSN stays: an application that moves its own QP (rdma_init_qp_attr)
+  // may have taken it for RTS before accepting, and the REP must carry the same.
+  if (id->psn == 0) id->psn = random24();
   if (int err = connect_qp(id)) return err;
   if (id->remote) {
     int err = remote_accept_locked(id, param, len);
@@ -777,6 +779,7 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       }
       return 0;
     case IBV_QPS_RTS:
+      if (id->psn == 0) id->psn = random24();
       a->sq_psn = id->psn;
       *mask |= IBV_QP_SQ_PSN;
       if (rc) {
