@@ -34,6 +34,7 @@
 #include "engine/packet/packet_qp.hpp"
 #include "wire/registry.hpp"
 #include "wire/roce/icrc.hpp"
+#include "wire/roce/cm_msg.hpp"
 #include "wire/roce/mad.hpp"
 #include "wire/roce/packet.hpp"
 #include "wire/roce/pcap.hpp"
@@ -363,6 +364,26 @@ void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
   build_grh(out, gid_of(d.src), gid_of(d.dst), payload);
 }
 
+// The registry slot a CM answer names (the top 10 bits of the comm or request ID we gave
+// it, decision 0007), or 0 for a request (REQ, SIDR_REQ) or anything else.
+int cm_slot_named(const uint8_t* mad, uint32_t len) {
+  if (len != rw::kMadBytes || mad[1] != rw::kMgmtClassCm) return 0;
+  uint16_t attr = uint16_t(mad[16] << 8 | mad[17]);
+  size_t at;  // where our ID lies: the "remote comm ID", or SIDR_REP's request ID
+  switch (static_cast<rw::CmAttr>(attr)) {
+    case rw::CmAttr::kMra:
+    case rw::CmAttr::kRej:
+    case rw::CmAttr::kRep:
+    case rw::CmAttr::kRtu:
+    case rw::CmAttr::kDreq:
+    case rw::CmAttr::kDrep: at = rw::kMadHeaderBytes + 4; break;
+    case rw::CmAttr::kSidrRep: at = rw::kMadHeaderBytes; break;
+    default: return 0;
+  }
+  uint32_t id = uint32_t(mad[at]) << 24 | uint32_t(mad[at + 1]) << 16 | uint32_t(mad[at + 2]) << 8 | mad[at + 3];
+  return int(id >> 22);
+}
+
 // The QPN of this process's QP1 agent (roce_claim_gsi), 0 when there is none.
 std::atomic<uint32_t> g_gsi_qpn{0};
 
@@ -383,12 +404,19 @@ void on_datagram(const rw::Datagram& d) {
   if (!decoded || !icrc.ok()) return;  // malformed or damaged: never executed
   uint32_t dest = pkt.dest_qp;
   if (dest == rw::kGsiQpn) {
-    // A MAD for the host's CM (decision 0007): our agent's, or the lowest-slot process's
-    // that runs one. The steering sends QP1 to the group's lowest slot, which may have none.
+    // A MAD for the host's CM (decision 0007): an answer names the process it is for (its
+    // comm or request ID carries the slot); a request goes to our agent, or, without one,
+    // to the lowest-slot process that runs one. The steering sends QP1 to the group's
+    // lowest slot, which may have none.
+    int mine = wire::my_slot();
+    int named = cm_slot_named(pkt.payload, pkt.payload_len);
     dest = g_gsi_qpn.load(std::memory_order_acquire);
+    if (named > 0 && named != mine) {
+      if (!d.forwarded) port().pass_to(d, named);
+      return;
+    }
     if (!dest) {
-      if (int to = wire::lowest_slot_with(wire::kSlotHasGsi, wire::my_slot()); to > 0)
-        port().pass_to(d, to);
+      if (int to = wire::lowest_slot_with(wire::kSlotHasGsi, mine); to > 0) port().pass_to(d, to);
       return;
     }
   }

@@ -6,7 +6,9 @@
 # CASE: rping, rping-q (the application makes its own QP), ucmatose (4 connections),
 # udaddy (UD: SIDR), no-listener (B runs a listener on another port: the REQ is answered
 # with REJ reason 8 at once), trace (rping with `softverbs trace` on A: the CM's MADs on
-# the wire, dissected by tshark).
+# the wire, dissected by tshark), forwarded (rping while an ibv_ud_pingpong pair, which
+# runs no CM, holds UDP 4791 with the lowest slot on both hosts: QP1's datagrams reach the
+# rdma_cm process through it, decision 0007).
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
 source "$(dirname "$0")/../interop/lib.sh"
 source "$(dirname "$0")/../interop/pair.sh"
@@ -31,7 +33,7 @@ b=$HOST_B_IP4
 count=10
 
 case $case_name in
-  rping | rping-q | trace)
+  rping | rping-q | trace | forwarded)
     q=()
     [[ $case_name == rping-q ]] && q=(-q)
     server=("${sv_b[@]}" rping -s "${q[@]}" -a "$b" -p "$port" -v -V -C "$count")
@@ -64,12 +66,31 @@ case $case_name in
     ;;
 esac
 
+if [[ $case_name == forwarded ]]; then
+  # The pingpongs first: their processes take the lowest registry slots and join 4791 first.
+  ud_port=$((port + 2000))
+  "${sv_b[@]}" ibv_ud_pingpong -g 1 -p "$ud_port" -n 1000000 >/dev/null 2>&1 &
+  ud_b=$!
+  sleep 0.5
+  "${sv_a[@]}" ibv_ud_pingpong -g 1 -p "$ud_port" -n 1000000 "$b" >/dev/null 2>&1 &
+  ud_a=$!
+  for ((i = 0; i < 40; i++)); do
+    [[ $(in_host B ss -Hulpn 'sport = :4791') == *ibv_ud_pingpong* ]] && break
+    sleep 0.05
+  done
+  check "a process without CM holds UDP 4791 on B first" \
+    "[[ \$(in_host B ss -Hulpn 'sport = :4791') == *ibv_ud_pingpong* ]]"
+fi
 start=$(now_ms)
 pair_run
 ms=$(($(now_ms) - start))
+if [[ $case_name == forwarded ]]; then
+  kill "$ud_a" "$ud_b" 2>/dev/null
+  wait "$ud_a" "$ud_b" 2>/dev/null
+fi
 
 case $case_name in
-  rping | rping-q | trace)
+  rping | rping-q | trace | forwarded)
     check "server exited 0" '((srv_rc == 0))'
     check "client exited 0" '((cli_rc == 0))'
     check "client got all $count pings back" \
