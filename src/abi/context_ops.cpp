@@ -99,7 +99,14 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   }
   if ((ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
       ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
-       (ex->create_flags & ~IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))) {
+       (ex->create_flags & ~(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB | IBV_QP_CREATE_SOURCE_QPN)))) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // SOURCE_QPN: only a UD QP speaking as QP1 (the CM's MAD agent, decision 0007).
+  const bool source_qpn = (ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+                          (ex->create_flags & IBV_QP_CREATE_SOURCE_QPN);
+  if (source_qpn && (ex->qp_type != IBV_QPT_UD || ex->source_qpn != 1)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -122,6 +129,11 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   if ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
       (ex->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))
     Qp::from(qp)->block_self_mcast = true;
+  if (source_qpn && !claim_gsi(Qp::from(qp))) {
+    ibv_destroy_qp(qp);
+    errno = EBUSY;  // one QP1 agent per process
+    return nullptr;
+  }
   return qp;
 }
 

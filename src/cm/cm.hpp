@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "cm/protocol.hpp"
@@ -109,6 +110,12 @@ struct Id {
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
   ibv_sa_path_rec path{};     // route.path_rec points here once the route is resolved
+  // Between hosts (cm/remote.cpp): the peer is another host's, reached by the IB CM over
+  // QP1; `conn` is the CM's connection (0: none), `path_mtu` the path's (0: the device's).
+  bool remote = false;
+  uint32_t conn = 0;
+  uint8_t path_mtu = 0;
+  uint64_t sidr_service_id = 0;
   // Multicast groups joined (rdma_join_multicast), each attached to the QP unless send-only.
   struct Group {
     sockaddr_storage addr;
@@ -180,5 +187,31 @@ Channel* new_channel();
 void free_channel(Channel* ch);
 // The id stops using its channel; a synchronous id's own channel goes with it.
 void release_channel_locked(Id* id);
+
+// ---- service internals other files use (cm/service.cpp)
+void kick_service();  // the service recomputes its poll set and timeout
+const std::set<Id*>& all_ids_locked();
+// DISCONNECTED for an id whose time-wait the IB CM runs (TIMEWAIT_EXIT comes from it).
+void report_disconnect_remote(Id* id);
+
+// ---- between hosts: the IB CM over the QP1 agent (cm/remote.cpp, docs/decisions/0007)
+int gid_index_of_gid(const ibv_gid& gid);
+// The path MTU (enum ibv_mtu) of the interface holding `local`.
+uint8_t path_mtu_for(const ibv_gid& local);
+// The source address the kernel's routing table picks for `dst` (port 0): 0 or an errno
+// value (EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL when it is not one of the device's).
+int resolve_remote_locked(Id* id, const sockaddr* dst, sockaddr_storage* source);
+// Starts the process's MAD agent (QP1 and the IB CM) once; 0 or an errno value.
+int remote_start_locked();
+int remote_fd_locked();          // the agent's completion channel, -1 without one
+int remote_timeout_ms_locked();  // to the CM's next timer, -1 none
+void remote_service_locked();    // MADs that came, timers that are due
+int remote_connect_locked(Id* id, const rdma_conn_param* param);
+int remote_accept_locked(Id* id, const rdma_conn_param* param, uint8_t len);
+int remote_reject_locked(Id* id, const void* data, uint8_t len, int reason);
+int remote_rtu_locked(Id* id);
+void remote_reject_rep_locked(Id* id);
+int remote_disconnect_locked(Id* id);
+void remote_destroy_locked(Id* id);
 
 }  // namespace softverbs::cm

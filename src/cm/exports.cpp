@@ -184,12 +184,21 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
   int err = 0;
   {
     std::lock_guard<std::mutex> lock(g_mu);
+    // Another host's address: the kernel's routing table picks our source address (and
+    // so the GID), as rdma_cm does on RoCE (resolve_remote_locked).
+    int dst_index = gid_index_of(dst);
+    bool remote = dst_index == -1 && !is_multicast_addr(dst);
+    sockaddr_storage source{};
+    int route_err = remote ? resolve_remote_locked(id, dst, &source) : 0;
     if (id->state == IdState::Idle) {
       // Bind first: to the given source, else to the destination's own address when the
-      // destination is this host (it is the address a kernel would pick), else any.
+      // destination is this host (it is the address a kernel would pick), else to the
+      // route's source for another host, else any.
       sockaddr_storage from{};
       if (src && (src->sa_family == AF_INET || src->sa_family == AF_INET6)) {
         std::memcpy(&from, src, addr_len(src));
+      } else if (remote && !route_err) {
+        from = source;
       } else {
         std::memcpy(&from, dst, addr_len(dst));
         set_port(&from, 0);
@@ -204,13 +213,34 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
     if (!err) {
       std::memset(&id->id.route.addr.dst_storage, 0, sizeof(sockaddr_storage));
       std::memcpy(&id->id.route.addr.dst_storage, dst, addr_len(dst));
-      int index = gid_index_of(dst);
+      int index = dst_index;
       if (index == -2) index = 0;  // connecting to "any" reaches this host
       // A multicast group is reached through our own port.
       if (is_multicast_addr(dst)) index = id->id.verbs ? id->sgid_index : 0;
-      if (index < 0) {
-        // Not an address of this host: no other host is reachable yet.
-        queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -EHOSTUNREACH);
+      if (remote && !route_err && (route_err = remote_start_locked()) == 0) {
+        if (!id->id.verbs) {  // bound to a wildcard: the route's source, keeping the port
+          uint16_t port = id->port;
+          id->id.route.addr.src_storage = source;
+          set_port(&id->id.route.addr.src_storage, port);
+          id->id.verbs = device_context();
+          id->id.pd = device_pd();
+          id->id.port_num = 1;
+          id->sgid_index = gid_index_of(reinterpret_cast<sockaddr*>(&source));
+          gid_at(id->sgid_index, &id->sgid);
+        }
+        std::memset(&id->remote_gid, 0, sizeof(id->remote_gid));
+        if (dst->sa_family == AF_INET) {
+          id->remote_gid.raw[10] = id->remote_gid.raw[11] = 0xff;
+          std::memcpy(id->remote_gid.raw + 12, &reinterpret_cast<const sockaddr_in*>(dst)->sin_addr, 4);
+        } else {
+          std::memcpy(id->remote_gid.raw, &reinterpret_cast<const sockaddr_in6*>(dst)->sin6_addr, 16);
+        }
+        id->remote = true;
+        id->path_mtu = path_mtu_for(id->sgid);
+        id->state = IdState::AddrResolved;
+        queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+      } else if (remote || index < 0) {
+        queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -(route_err ? route_err : EHOSTUNREACH));
       } else {
         if (!id->id.verbs) {  // bound to a wildcard: the route picks the device
           id->id.verbs = device_context();
@@ -245,7 +275,7 @@ int rdma_resolve_route(rdma_cm_id* raw, int timeout_ms) {
       p.pkey = 0xffff;
       p.hop_limit = 64;
       p.traffic_class = id->tos;
-      p.mtu = device_mtu();
+      p.mtu = id->path_mtu ? static_cast<ibv_mtu>(id->path_mtu) : device_mtu();
       p.reversible = 1;
       p.numb_path = 1;
       id->id.route.path_rec = &p;

@@ -194,6 +194,23 @@ void report_disconnect(Id* id) {
   wake_service();
 }
 
+}  // namespace
+
+void report_disconnect_remote(Id* id) {
+  id->state = IdState::Disconnected;
+  if (id->disconnect_reported) return;
+  id->disconnect_reported = true;
+  queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+}
+
+void kick_service() {
+  if (g_svc.wake >= 0) wake_service();
+}
+
+const std::set<Id*>& all_ids_locked() { return g_svc.ids; }
+
+namespace {
+
 // Fires the time-waits that are over; returns the milliseconds to the next one, or -1.
 int expire_timewaits_locked() {
   auto now = std::chrono::steady_clock::now();
@@ -418,8 +435,11 @@ void run_service() {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_svc.owner != getpid()) return;
       timeout = expire_timewaits_locked();
+      int cm_timeout = remote_timeout_ms_locked();
+      if (cm_timeout >= 0 && (timeout < 0 || cm_timeout < timeout)) timeout = cm_timeout;
       fds.assign(1, pollfd{g_svc.wake, POLLIN, 0});
       fds.push_back({g_svc.state, POLLIN, 0});  // -1 (no inotify) is skipped by poll
+      fds.push_back({remote_fd_locked(), POLLIN, 0});  // the QP1 agent's CQ events
       ids.clear();
       pend.clear();
       for (Id* id : g_svc.watched) {
@@ -436,7 +456,8 @@ void run_service() {
     uint64_t n;
     if (fds[0].revents) (void)!read(g_svc.wake, &n, sizeof(n));
     if (fds[1].revents) check_device_locked();
-    constexpr size_t kFirst = 2;  // after the eventfd and the inotify fd
+    remote_service_locked();  // MADs that came, CM timers that are due
+    constexpr size_t kFirst = 3;  // after the eventfd, the inotify fd and the agent's
     for (size_t i = kFirst; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       if (i - kFirst < ids.size()) {
@@ -581,6 +602,9 @@ int listen_locked(Id* id, int backlog) {
   if (::listen(id->sock, std::max(backlog, 128)) != 0) return errno;
   id->state = IdState::Listening;
   watch_locked(id);
+  // Reachable from other hosts unless bound to loopback: the QP1 agent takes their REQs.
+  // Without it (no RoCE port, say), peers on this host still connect.
+  if (gid_index_of(&id->id.route.addr.src_addr) != 0) (void)remote_start_locked();
   return 0;
 }
 
@@ -598,7 +622,11 @@ int connect_locked(Id* id, const rdma_conn_param* param) {
     id->rnr_retry_count = std::min<uint8_t>(param->rnr_retry_count, 7);
     if (!id->id.qp) id->local_qpn = param->qp_num & 0xffffff;
   }
-  id->psn = random24();
+  if (id->psn == 0) id->psn = random24();  // an application-made QP may have it already
+  if (id->remote) {
+    if (int err = remote_connect_locked(id, param)) return err;
+    return 0;
+  }
   sockaddr_un un;
   socklen_t un_len = name_for(id->id.ps, port_of(&id->id.route.addr.dst_addr), &un);
   if (::connect(id->sock, reinterpret_cast<sockaddr*>(&un), un_len) != 0) {
@@ -623,12 +651,13 @@ int connect_locked(Id* id, const rdma_conn_param* param) {
 }
 
 int accept_locked(Id* id, const rdma_conn_param* param) {
-  if (id->state != IdState::ReqReceived || id->sock < 0) return EINVAL;
+  if (id->state != IdState::ReqReceived || (id->sock < 0 && !id->remote)) return EINVAL;
   bool ud = id->id.ps == RDMA_PS_UDP;
   uint8_t len = param ? param->private_data_len : 0;
   if (len > (ud ? kSidrRepPrivate : kRepPrivate) || (len && !param->private_data)) return EINVAL;
   if (!id->id.qp && !param) return EINVAL;
   if (!id->id.qp) id->local_qpn = param->qp_num & 0xffffff;
+  if (ud && id->remote) return remote_accept_locked(id, param, len);
   if (ud) {
     Msg rep = msg_from(id, MsgType::SidrRep, param ? param->private_data : nullptr, len);
     rep.qkey = RDMA_UDP_QKEY;
@@ -644,8 +673,15 @@ int accept_locked(Id* id, const rdma_conn_param* param) {
   id->initiator_depth = clamp_rd(ini, dev.max_qp_init_rd_atom);
   id->retry_count = id->remote_retry_count;  // the requester's choice (IBA 12.7.38)
   id->rnr_retry_count = param ? std::min<uint8_t>(param->rnr_retry_count, 7) : 7;
-  id->psn = random24();
+  // Once chosen, the PSN stays: an application that moves its own QP (rdma_init_qp_attr)
+  // may have taken it for RTS before accepting, and the REP must carry the same.
+  if (id->psn == 0) id->psn = random24();
   if (int err = connect_qp(id)) return err;
+  if (id->remote) {
+    int err = remote_accept_locked(id, param, len);
+    if (err) qp_to_error(id);
+    return err;
+  }
   Msg rep = msg_from(id, MsgType::Rep, param ? param->private_data : nullptr, len);
   if (param) rep.flow_control = param->flow_control, rep.srq = param->srq;
   if (id->id.srq) rep.srq = 1;
@@ -661,6 +697,7 @@ int reject_locked(Id* id, const void* data, uint8_t len, int reason) {
   if (id->state != IdState::ReqReceived) return EINVAL;
   bool ud = id->id.ps == RDMA_PS_UDP;
   if (len > (ud ? kSidrRepPrivate : kRejPrivate) || (len && !data)) return EINVAL;
+  if (id->remote) return remote_reject_locked(id, data, len, reason);
   Msg m = msg_from(id, ud ? MsgType::SidrRep : MsgType::Rej, data, len);
   m.status = ud ? kSidrReject : static_cast<uint32_t>(reason);
   send_msg(id->sock, m);
@@ -670,6 +707,11 @@ int reject_locked(Id* id, const void* data, uint8_t len, int reason) {
 
 int establish_locked(Id* id) {
   if (id->state != IdState::RepReceived) return EINVAL;
+  if (id->remote) {
+    if (int err = remote_rtu_locked(id)) return err;
+    id->state = IdState::Connected;
+    return 0;
+  }
   if (!send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0))) return ECONNRESET;
   id->state = IdState::Connected;
   return 0;
@@ -683,6 +725,7 @@ int disconnect_locked(Id* id) {
       qp_to_error(id);
       if (id->id.ps == RDMA_PS_UDP) return 0;
       id->state = IdState::Disconnecting;
+      if (id->remote) return remote_disconnect_locked(id);
       if (!send_msg(id->sock, make_msg(MsgType::Dreq))) report_disconnect(id);
       return 0;
     case IdState::Disconnecting:
@@ -718,7 +761,8 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
     case IBV_QPS_RTR:
       if (ud) return 0;
       if (!id->have_remote) return EINVAL;
-      a->path_mtu = device_mtu();
+      a->path_mtu = id->path_mtu ? static_cast<ibv_mtu>(std::min<int>(id->path_mtu, device_mtu()))
+                                 : device_mtu();
       a->dest_qp_num = id->remote_qpn;
       a->rq_psn = id->remote_psn;
       a->ah_attr.is_global = 1;
@@ -735,6 +779,7 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       }
       return 0;
     case IBV_QPS_RTS:
+      if (id->psn == 0) id->psn = random24();
       a->sq_psn = id->psn;
       *mask |= IBV_QP_SQ_PSN;
       if (rc) {
@@ -824,6 +869,7 @@ void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m, QpSt
 
 void detach_locked(Id* id) {
   close_sock_locked(id);
+  remote_destroy_locked(id);
   auto& tw = g_svc.timewait;
   tw.erase(std::remove_if(tw.begin(), tw.end(), [id](const auto& t) { return t.second == id; }),
            tw.end());
@@ -850,6 +896,7 @@ void detach_locked(Id* id) {
   });
   for (Id* o : orphans) {
     close_sock_locked(o);
+    remote_destroy_locked(o);
     release_channel_locked(o);
     g_svc.ids.erase(o);
     o->magic = kDeadMagic;
@@ -868,13 +915,17 @@ namespace {
 void connect_on_take_locked(Event* e) {
   Id* id = e->owner;
   int err = id->state == IdState::RepReceived ? connect_qp(id) : ECONNRESET;
-  if (!err && !send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0))) err = ECONNRESET;
+  if (!err && id->remote) err = remote_rtu_locked(id);
+  else if (!err && !send_msg(id->sock, msg_from(id, MsgType::Rtu, nullptr, 0))) err = ECONNRESET;
   if (!err) {
     id->state = IdState::Connected;
     e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
     return;
   }
-  if (id->state == IdState::RepReceived) {
+  if (id->state == IdState::RepReceived && id->remote) {
+    remote_reject_rep_locked(id);
+    id->state = IdState::Failed;
+  } else if (id->state == IdState::RepReceived) {
     Msg rej = msg_from(id, MsgType::Rej, nullptr, 0);
     rej.status = kRejConsumerDefined;
     send_msg(id->sock, rej);

@@ -236,6 +236,10 @@ struct Qp {
   ibv_qp_attr attr{};
   std::vector<ibv_gid> mcast_groups;  // under attr_mu: multicast groups attached (UD)
   bool block_self_mcast = false;      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+  // IBV_QP_CREATE_SOURCE_QPN: a UD QP that speaks as this QPN on the wire (only 1, QP1: the
+  // CM's MAD agent, docs/decisions/0007). It sends with DETH SrcQP 1 and receives what
+  // arrives for DestQP 1. 0: the QP's own number.
+  uint32_t source_qpn = 0;
   std::atomic<int> state{IBV_QPS_RESET};
   // The connection to a peer process (under attr_mu): a number unique in this process, given
   // when the QP enters RTR, and the peer's pid then; RESET clears both. A dead peer's timer

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +32,10 @@
 #include "core/errors.hpp"
 #include "engine/engine.hpp"
 #include "engine/packet/packet_qp.hpp"
+#include "wire/registry.hpp"
 #include "wire/roce/icrc.hpp"
+#include "wire/roce/cm_msg.hpp"
+#include "wire/roce/mad.hpp"
 #include "wire/roce/packet.hpp"
 #include "wire/roce/pcap.hpp"
 #include "wire/roce/port.hpp"
@@ -189,7 +193,7 @@ rw::Port& port() {
 
 struct RoceLink final : packet::Env {
   RoceLink(Qp* q)
-      : qp(q), pq(*this, packet_type(q->type), q->qpn(), q->sq_sig_all),
+      : qp(q), pq(*this, packet_type(q->type), q->source_qpn ? q->source_qpn : q->qpn(), q->sq_sig_all),
         inline_ring(q->cap.max_send_wr + 1) {}
 
   Qp* qp;
@@ -410,6 +414,29 @@ void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
   build_grh(out, gid_of(d.src), gid_of(d.dst), payload);
 }
 
+// The registry slot a CM answer names (the top 10 bits of the comm or request ID we gave
+// it, decision 0007), or 0 for a request (REQ, SIDR_REQ) or anything else.
+int cm_slot_named(const uint8_t* mad, uint32_t len) {
+  if (len != rw::kMadBytes || mad[1] != rw::kMgmtClassCm) return 0;
+  uint16_t attr = uint16_t(mad[16] << 8 | mad[17]);
+  size_t at;  // where our ID lies: the "remote comm ID", or SIDR_REP's request ID
+  switch (static_cast<rw::CmAttr>(attr)) {
+    case rw::CmAttr::kMra:
+    case rw::CmAttr::kRej:
+    case rw::CmAttr::kRep:
+    case rw::CmAttr::kRtu:
+    case rw::CmAttr::kDreq:
+    case rw::CmAttr::kDrep: at = rw::kMadHeaderBytes + 4; break;
+    case rw::CmAttr::kSidrRep: at = rw::kMadHeaderBytes; break;
+    default: return 0;
+  }
+  uint32_t id = uint32_t(mad[at]) << 24 | uint32_t(mad[at + 1]) << 16 | uint32_t(mad[at + 2]) << 8 | mad[at + 3];
+  return int(id >> 22);
+}
+
+// The QPN of this process's QP1 agent (roce_claim_gsi), 0 when there is none.
+std::atomic<uint32_t> g_gsi_qpn{0};
+
 void on_datagram(const rw::Datagram& d) {
   rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.src.bytes.data(), d.dst.bytes.data(),
                                                    d.src_port, roce_udp_port());
@@ -425,7 +452,25 @@ void on_datagram(const rw::Datagram& d) {
     t->write(ctx, d.data, d.size);
   }
   if (!decoded || !icrc.ok()) return;  // malformed or damaged: never executed
-  wire::QpRef qp = wire::find_local(pkt.dest_qp);
+  uint32_t dest = pkt.dest_qp;
+  if (dest == rw::kGsiQpn) {
+    // A MAD for the host's CM (decision 0007): an answer names the process it is for (its
+    // comm or request ID carries the slot); a request goes to our agent, or, without one,
+    // to the lowest-slot process that runs one. The steering sends QP1 to the group's
+    // lowest slot, which may have none.
+    int mine = wire::my_slot();
+    int named = cm_slot_named(pkt.payload, pkt.payload_len);
+    dest = g_gsi_qpn.load(std::memory_order_acquire);
+    if (named > 0 && named != mine) {
+      if (!d.forwarded) port().pass_to(d, named);
+      return;
+    }
+    if (!dest) {
+      if (int to = wire::lowest_slot_with(wire::kSlotHasGsi, mine); to > 0) port().pass_to(d, to);
+      return;
+    }
+  }
+  wire::QpRef qp = wire::find_local(dest);
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link) return;
@@ -588,6 +633,20 @@ size_t roce_in_flight(Qp* qp) {
   if (!link) return 0;
   std::lock_guard<std::mutex> lock(link->mu);
   return link->pq.send_queue_depth();
+}
+
+bool roce_claim_gsi(Qp* qp) {
+  uint32_t none = 0;
+  if (!g_gsi_qpn.compare_exchange_strong(none, qp->qpn())) return false;
+  qp->source_qpn = rw::kGsiQpn;
+  wire::set_my_slot_flag(wire::kSlotHasGsi, true);
+  return true;
+}
+
+void roce_release_gsi(Qp* qp) {
+  if (!qp->source_qpn) return;
+  uint32_t mine = qp->qpn();
+  if (g_gsi_qpn.compare_exchange_strong(mine, 0)) wire::set_my_slot_flag(wire::kSlotHasGsi, false);
 }
 
 void roce_destroy(Qp* qp) {

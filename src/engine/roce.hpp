@@ -35,6 +35,12 @@ void roce_wait_begin();
 void roce_wait_end();
 // The application arms such a CQ (it will sleep until an event): stop relying on its polls.
 void roce_poll_stop();
+// QP1: the process's MAD agent (a UD QP created with IBV_QP_CREATE_SOURCE_QPN = 1, see
+// docs/decisions/0007). At most one per process; it receives every datagram for DestQP 1
+// that reaches this process, and sends with SrcQP 1. A process without one passes QP1
+// datagrams to the host's lowest-slot process that has one (wire::lowest_slot_with).
+bool roce_claim_gsi(Qp* qp);
+void roce_release_gsi(Qp* qp);
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more).
 void roce_destroy(Qp* qp);
 

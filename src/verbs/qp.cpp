@@ -413,6 +413,8 @@ int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
   return EINVAL;
 }
 
+bool claim_gsi(Qp* qp) { return engine::roce_claim_gsi(qp); }
+
 int destroy_qp(Qp* qp) {
   {
     // A destroyed QP leaves its groups, as the kernel detaches it.
@@ -425,6 +427,7 @@ int destroy_qp(Qp* qp) {
     qp->ctx->qps.erase(qp);
   }
   engine::close_window(qp, false);
+  engine::roce_release_gsi(qp);
   wire::unregister_qp(qp->qpn());  // no peer or timer can reach it any more
   engine::roce_destroy(qp);
   ibv_qp* q = qp->qp();

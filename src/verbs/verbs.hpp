@@ -66,6 +66,9 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask);
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int destroy_qp(Qp* qp);
+// Makes a fresh UD QP this process's QP1 agent (IBV_QP_CREATE_SOURCE_QPN with source 1):
+// false when the process has one already.
+bool claim_gsi(Qp* qp);
 // ibv_attach_mcast / ibv_detach_mcast: 0 or an errno value.
 int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);

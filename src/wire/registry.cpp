@@ -20,7 +20,7 @@ namespace {
 
 struct Entry {
   std::atomic<int32_t> pid;
-  uint32_t reserved;
+  std::atomic<uint32_t> flags;  // kSlotHasGsi...; reset by whoever claims the slot
 };
 static_assert(sizeof(Entry) == 8);
 
@@ -80,11 +80,13 @@ int my_slot() {
     int32_t cur = table[s].pid.load();
     if (cur == self) {  // left over from an earlier process with our pid: take it over
       g_slot = s;
+      table[s].flags.store(0);
       break;
     }
     if (cur > 0 && alive(cur)) continue;
     if (table[s].pid.compare_exchange_strong(cur, self)) {
       g_slot = s;
+      table[s].flags.store(0);
       break;
     }
   }
@@ -98,6 +100,27 @@ pid_t slot_owner(int slot) {
   if (!table || slot <= 0 || slot >= kSlots) return 0;
   int32_t pid = table[slot].pid.load();
   return pid > 0 ? pid : 0;
+}
+
+void set_my_slot_flag(uint32_t flag, bool on) {
+  int slot = my_slot();
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table || slot <= 0) return;
+  if (on) table[slot].flags.fetch_or(flag);
+  else table[slot].flags.fetch_and(~flag);
+}
+
+int lowest_slot_with(uint32_t flag, int except) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table) return -1;
+  for (int s = 1; s < kSlots - 1; ++s) {
+    if (s == except || !(table[s].flags.load() & flag)) continue;
+    int32_t pid = table[s].pid.load();
+    if (alive(pid)) return s;  // a dead owner's flag is stale: skip it
+  }
+  return -1;
 }
 
 std::string agent_address(int slot) {

@@ -25,6 +25,11 @@ int my_slot();
 // The process registered in `slot`, or 0.
 pid_t slot_owner(int slot);
 inline int slot_of_qpn(uint32_t qpn) { return static_cast<int>(qpn >> kQpnSlotShift); }
+// Flags a process publishes in its slot (cleared when the slot is claimed anew).
+inline constexpr uint32_t kSlotHasGsi = 1;  // runs a QP1 agent (an rdma_cm MAD agent)
+void set_my_slot_flag(uint32_t flag, bool on);
+// The lowest slot other than `except` whose live owner has `flag` set, or -1.
+int lowest_slot_with(uint32_t flag, int except);
 // The abstract Unix socket address of the agent serving `slot`.
 std::string agent_address(int slot);
 

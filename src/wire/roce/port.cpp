@@ -827,6 +827,15 @@ void Port::route(const Datagram& d) {
   }
 }
 
+bool Port::pass_to(const Datagram& d, int slot) {
+  // Never forwarded twice: no loops.
+  if (d.forwarded || slot == slot_ || slot <= 0 || slot >= kSlots) return false;
+  bool ok = forward(d, slot);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++(ok ? stats_.forwarded_out : stats_.dropped);
+  return ok;
+}
+
 void Port::deliver(const Datagram& d) {
   {
     std::lock_guard<std::mutex> lock(stats_mu_);

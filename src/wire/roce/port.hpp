@@ -154,6 +154,11 @@ class Port {
   void schedule(uint64_t timer_id, Clock::time_point when);
   bool cancel(uint64_t timer_id);  // false when it was not pending
 
+  // Passes a datagram this process received (on_datagram) to the process in `slot`, as a
+  // misrouted one is (QP1 datagrams for the host's MAD agent: decision 0007). False when
+  // that slot has no live owner or it would not take it in time.
+  bool pass_to(const Datagram& d, int slot);
+
   // Re-learn the group's indices now (tests; the port does it by itself when needed).
   void request_reroute();
   // Waits until the round asked for by the last request_reroute (or acquire) is done.
