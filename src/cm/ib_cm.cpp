@@ -191,8 +191,9 @@ int Cm::reject(uint32_t conn, uint16_t reason, std::span<const uint8_t> private_
   rej.local_comm_id = c->local_id;
   rej.remote_comm_id = c->remote_id;
   rej.reason = reason;
-  std::memcpy(rej.private_data.data(), private_data.data(),
-              std::min(private_data.size(), rej.private_data.size()));
+  if (!private_data.empty())  // an empty span's data() may be null, which memcpy may not take
+    std::memcpy(rej.private_data.data(), private_data.data(),
+                std::min(private_data.size(), rej.private_data.size()));
   send(*c, {wr::cm_header(c->tid), rej}, false);
   drop(conn);
   return 0;
