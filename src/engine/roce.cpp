@@ -143,27 +143,27 @@ struct OutBatch {
   iovec iov[kMaxIov];
   size_t niov = 0;
 };
+// SOFTVERBS_FAULTS set: the fault injector drops, holds back and repeats single datagrams.
+bool faults_on() {
+  static const bool on = [] {
+    const char* faults = std::getenv("SOFTVERBS_FAULTS");
+    return faults && *faults;
+  }();
+  return on;
+}
 // SOFTVERBS_NO_GSO=1: one datagram per send (for comparisons, and kernels without it).
-// Off as well under SOFTVERBS_FAULTS, which drops, holds back and repeats single datagrams
-// (and a datagram's ICRC counts on its place in its GSO send).
+// Off as well under fault injection (a datagram's ICRC counts on its place in its GSO send).
 bool gso_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SOFTVERBS_NO_GSO");
-    const char* faults = std::getenv("SOFTVERBS_FAULTS");
-    return !(v && *v && *v != '0') && !(faults && *faults);
+    return !(v && *v && *v != '0') && !faults_on();
   }();
   return on;
 }
 // Payload is gathered from registered memory (sendmsg's iovecs) rather than copied into the
 // batch first, except when each datagram must be whole in one place: for the trace, and for
 // the fault injector (which also turns GSO off).
-bool gather_enabled() {
-  static const bool faults = [] {
-    const char* f = std::getenv("SOFTVERBS_FAULTS");
-    return f && *f;
-  }();
-  return !faults && !trace();
-}
+bool gather_enabled() { return !faults_on() && !trace(); }
 
 OutBatch& out_batch() {
   thread_local std::unique_ptr<OutBatch> batch;
@@ -416,23 +416,7 @@ void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
 
 // The registry slot a CM answer names (the top 10 bits of the comm or request ID we gave
 // it, decision 0007), or 0 for a request (REQ, SIDR_REQ) or anything else.
-int cm_slot_named(const uint8_t* mad, uint32_t len) {
-  if (len != rw::kMadBytes || mad[1] != rw::kMgmtClassCm) return 0;
-  uint16_t attr = uint16_t(mad[16] << 8 | mad[17]);
-  size_t at;  // where our ID lies: the "remote comm ID", or SIDR_REP's request ID
-  switch (static_cast<rw::CmAttr>(attr)) {
-    case rw::CmAttr::kMra:
-    case rw::CmAttr::kRej:
-    case rw::CmAttr::kRep:
-    case rw::CmAttr::kRtu:
-    case rw::CmAttr::kDreq:
-    case rw::CmAttr::kDrep: at = rw::kMadHeaderBytes + 4; break;
-    case rw::CmAttr::kSidrRep: at = rw::kMadHeaderBytes; break;
-    default: return 0;
-  }
-  uint32_t id = uint32_t(mad[at]) << 24 | uint32_t(mad[at + 1]) << 16 | uint32_t(mad[at + 2]) << 8 | mad[at + 3];
-  return int(id >> 22);
-}
+int cm_slot_named(const uint8_t* mad, uint32_t len) { return int(rw::cm_answer_id(mad, len) >> 22); }
 
 // The QPN of this process's QP1 agent (roce_claim_gsi), 0 when there is none.
 std::atomic<uint32_t> g_gsi_qpn{0};

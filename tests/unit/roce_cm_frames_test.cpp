@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <variant>
 
 #include "wire/roce/cm_msg.hpp"
 #include "wire/roce/icrc.hpp"
@@ -135,6 +137,30 @@ TEST(RoceCmFramesTest, ReencodingGivesTheCapturedBytes) {
     icrc_fill(f.wire, dgram, sizeof dgram);
     EXPECT_EQ(memcmp(dgram, f.dgram, f.len), 0) << f.what;
   }
+}
+
+// cm_answer_id, which routes a QP1 MAD to its process without decoding it, reads what the
+// full decoder reads: the remote comm ID of an answer, SIDR_REP's request ID, 0 for requests.
+TEST(RoceCmFramesTest, AnswerIdIsWhatTheDecoderReads) {
+  size_t answers = 0;
+  for (const auto& [n, f] : frames()) {
+    Gmp g;
+    const uint8_t* mad = nullptr;
+    ASSERT_EQ(decode_gmp(f.dgram, f.len, &g, &mad), GmpError::kOk) << f.what;
+    const CmMad m = decode_frame(f);
+    const uint32_t want = std::visit(
+        [](const auto& b) -> uint32_t {
+          using B = std::decay_t<decltype(b)>;
+          if constexpr (std::is_same_v<B, CmSidrRep>) return b.request_id;
+          else if constexpr (std::is_same_v<B, CmReq> || std::is_same_v<B, CmSidrReq>) return 0;
+          else return b.remote_comm_id;
+        },
+        m.body);
+    EXPECT_EQ(cm_answer_id(mad, kMadBytes), want) << f.what;
+    EXPECT_EQ(cm_answer_id(mad, kMadBytes - 1), 0u) << f.what;
+    answers += want != 0;
+  }
+  EXPECT_GT(answers, 10u);
 }
 
 // rping -c -a 10.9.0.1 -I 10.9.0.2 -p 7471: REQ, REP, RTU, then the client's DREQ and DREP.

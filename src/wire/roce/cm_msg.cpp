@@ -399,4 +399,19 @@ bool encode_cma_header(const CmaHeader& h, uint8_t* out) {
   return true;
 }
 
+uint32_t cm_answer_id(const uint8_t* mad, size_t len) {
+  if (len != kMadBytes || mad[1] != kMgmtClassCm) return 0;
+  const uint8_t* body = mad + kMadHeaderBytes;
+  switch (static_cast<CmAttr>(get16(mad + 16))) {  // the header's attribute ID
+    case CmAttr::kMra:
+    case CmAttr::kRej:
+    case CmAttr::kRep:
+    case CmAttr::kRtu:
+    case CmAttr::kDreq:
+    case CmAttr::kDrep: return get32(body + 4);  // after the sender's own local comm ID
+    case CmAttr::kSidrRep: return get32(body);
+    default: return 0;
+  }
+}
+
 }  // namespace softverbs::wire::roce

@@ -283,6 +283,12 @@ const char* cm_error_name(CmError e);
 // names the field, for traces. Reads only mad[0, len).
 CmError decode_cm(const uint8_t* mad, size_t len, CmMad* out, const char** detail = nullptr);
 
+// The ID an answer carries back to the side that issued it, read without decoding the rest:
+// the remote comm ID of an MRA, REJ, REP, RTU, DREQ or DREP, the request ID of a SIDR_REP;
+// 0 for anything else (a REQ, a SIDR_REQ, not a 256-byte CM MAD). Routing only: the MAD is
+// still checked whole by decode_cm where it lands.
+uint32_t cm_answer_id(const uint8_t* mad, size_t len);
+
 // Writes the MAD: the header (attr_id from the body), then the body. Returns false, having
 // written an unspecified MAD, when a field does not fit its width (e.g. a 25-bit QPN) or a
 // length is over its maximum; reserved bits are written as 0.
