@@ -10,8 +10,9 @@
 #   no-cm        B runs softverbs on UDP 4791 (ibv_ud_pingpong) but no CM: REJECTED 8 at once
 #   unreachable  A's datagrams to 4791 all dropped: UNREACHABLE after the CM's retries, with
 #                short timers (SOFTVERBS_CM_*), not sooner than they say
-#   lossy        30% of the MADs to QP1 dropped both ways: rping connects, moves its data and
-#                disconnects (REQ/REP/RTU/DREQ resent, duplicates answered)
+#   lossy        30% of the handshake's MADs (REQ, MRA, REP, RTU) dropped both ways, three
+#                rping runs: each connects (REQ/REP/RTU resent, duplicates answered), moves
+#                its data and disconnects
 #   reject       the listener calls rdma_reject with private data: REJECTED, reason 28, data
 #   peer-killed  the server on B is SIGKILLed once connected; the client on A keeps sending:
 #                its sends fail after the QP's retries, then rdma_disconnect ends in
@@ -146,13 +147,16 @@ case $case_name in
       "((${ms:-0} >= want_ms && ${ms:-0} < want_ms + 5000))"
     ;;
   lossy)
-    # Only QP1's datagrams (BTH DestQP 1, 13 bytes into the UDP header): the handshake's
-    # retries are what is tested; the data path's are hosts.integrity.*.faults'.
+    # Only the handshake's MADs: BTH DestQP 1 (13 bytes into the UDP header) and the MAD's
+    # attribute ID (44 bytes in) REQ, MRA, REP or RTU. The data path's retries are
+    # hosts.integrity.*.faults'; a lost DREQ is not resent once rping has destroyed its id
+    # (the kernel's CM stops resending then too), which would leave the server waiting.
     # The kernel's 15 resends (at 100 ms): a REP and its RTU both get through with
     # probability 0.49 per round, so 4 rounds (3 resends) would fail one run in 15.
     fast[2]=SOFTVERBS_CM_RETRIES=15
-    drop A 30 udp dport 4791 @th,104,24 1
-    drop B 30 udp dport 4791 @th,104,24 1
+    handshake=(udp dport 4791 @th,104,24 1 @th,352,16 '{ 0x10, 0x11, 0x13, 0x14 }')
+    drop A 30 "${handshake[@]}"
+    drop B 30 "${handshake[@]}"
     for round in 1 2 3; do
       start srv$round B 30 rping -s -a "$b" -p "$port" -v -C $count
       wait_cm B "$port" || exit 1
