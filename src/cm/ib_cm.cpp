@@ -443,7 +443,15 @@ void Cm::on_rtu(const wr::CmRtu& m, Time now) {
 
 void Cm::on_dreq(const Endpoint& from, const wr::MadHeader& h, const wr::CmDreq& m, Time now) {
   Conn* c = find(m.remote_comm_id);
-  if (!c || c->ep.peer != from.peer || m.local_comm_id != c->remote_id) return;
+  if (!c || c->ep.peer != from.peer || m.local_comm_id != c->remote_id) {
+    // No such connection (long gone, or its process died and another took its slot): a
+    // DREP all the same, as the kernel's cm_issue_drep does, so the peer is done at once.
+    wr::CmDrep drep;
+    drep.local_comm_id = m.remote_comm_id;
+    drep.remote_comm_id = m.local_comm_id;
+    send_once(from, {wr::cm_header(h.tid), drep});
+    return;
+  }
   if (c->state == State::TimeWait) {
     if (c->dreq_tid == h.tid) resend(*c);  // our DREP was lost
     return;

@@ -410,6 +410,33 @@ void Agent::on_rep(void* user, const wr::CmRep& rep) {
   queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &m, id->id.qp ? QpStep::Connect : QpStep::None);
 }
 
+// An exponent from the environment (SOFTVERBS_CM_*, docs/roce-cm.md), if set and in
+// [0, max]; else `fallback`.
+uint8_t env_exponent(const char* name, uint8_t max, uint8_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  if (*end || n < 0 || n > max) {
+    std::fprintf(stderr, "softverbs: %s=%s ignored (0..%u)\n", name, v, unsigned(max));
+    return fallback;
+  }
+  return uint8_t(n);
+}
+
+// The CM's timers: the kernel's rdma_cm values, unless the environment says otherwise
+// (tests run the retry paths in a second instead of 100): SOFTVERBS_CM_RESPONSE_TIMEOUT
+// (both CM response timeouts, and the SIDR_REQ resend interval as cma.c derives it),
+// SOFTVERBS_CM_PACKET_LIFETIME, SOFTVERBS_CM_RETRIES. Read once, when the agent starts.
+void timers_from_env(ib::Config* cfg) {
+  cfg->response_timeout = env_exponent("SOFTVERBS_CM_RESPONSE_TIMEOUT", 31, cfg->response_timeout);
+  cfg->packet_life_time = env_exponent("SOFTVERBS_CM_PACKET_LIFETIME", 30, cfg->packet_life_time);
+  cfg->max_cm_retries = env_exponent("SOFTVERBS_CM_RETRIES", 15, cfg->max_cm_retries);
+  // cma.c: 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms.
+  int shift = cfg->response_timeout >= 8 ? cfg->response_timeout - 8 : 0;
+  cfg->sidr_timeout = (ib::Time(1) << shift) * 1000000;
+}
+
 uint64_t ca_guid() { return be64toh(device_attr().node_guid); }
 
 wr::CmPath path_of(Id* id) {
@@ -527,6 +554,7 @@ int remote_start_locked() {
     return err;
   }
   ib::Config cfg;
+  timers_from_env(&cfg);
   // Our registry slot, from the QPN, leads every comm ID: answers name this process.
   uint32_t slot = a->qp->qp_num >> 14;
   cfg.id_prefix = (slot & 0x3ff) << 22;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cm/cm.hpp"
+#include "common/cm_port_name.hpp"
 #include "common/state_dir.hpp"
 
 namespace softverbs::cm {
@@ -53,23 +54,6 @@ uint32_t random24() {
   uint32_t v = 0;
   if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) v = static_cast<uint32_t>(getpid()) * 2654435761u;
   return v & 0xffffff;
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// The abstract socket name of (port space, port) on this host: ports are host-wide, as a
-// kernel's rdma_cm port space is, and a state directory (a test's own) is a host of its own.
-socklen_t name_for(int ps, uint16_t port, sockaddr_un* un) {
-  static const uint64_t host = fnv1a(state_dir());
-  std::memset(un, 0, sizeof(*un));
-  un->sun_family = AF_UNIX;
-  int n = std::snprintf(un->sun_path + 1, sizeof(un->sun_path) - 1, "softverbs-cm-%016llx-%x-%u",
-                        static_cast<unsigned long long>(host), ps, port);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
 void wake_service() {
@@ -479,7 +463,7 @@ int open_name(int ps, uint16_t port, int* out) {
   int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s < 0) return errno;
   sockaddr_un un;
-  socklen_t len = name_for(ps, port, &un);
+  socklen_t len = cm_port_name(ps, port, &un);
   if (bind(s, reinterpret_cast<sockaddr*>(&un), len) != 0) {
     int err = errno;
     close(s);
@@ -628,7 +612,7 @@ int connect_locked(Id* id, const rdma_conn_param* param) {
     return 0;
   }
   sockaddr_un un;
-  socklen_t un_len = name_for(id->id.ps, port_of(&id->id.route.addr.dst_addr), &un);
+  socklen_t un_len = cm_port_name(id->id.ps, port_of(&id->id.route.addr.dst_addr), &un);
   if (::connect(id->sock, reinterpret_cast<sockaddr*>(&un), un_len) != 0) {
     int err = errno;
     id->state = IdState::Failed;

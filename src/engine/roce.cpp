@@ -9,6 +9,7 @@
 #include "engine/roce.hpp"
 
 #include <net/if.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cm_port_name.hpp"
 #include "core/core.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
@@ -418,6 +420,43 @@ void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
 // it, decision 0007), or 0 for a request (REQ, SIDR_REQ) or anything else.
 int cm_slot_named(const uint8_t* mad, uint32_t len) { return int(rw::cm_answer_id(mad, len) >> 22); }
 
+// The registry slot of the process that listens on the service ID a REQ or SIDR_REQ asks
+// for (it holds the port's rdma_cm name, decision 0004) and runs a QP1 agent; -1 when it
+// is not a request, nobody listens there, or the listener has no agent.
+int cm_slot_listening(const uint8_t* mad, uint32_t len) {
+  uint64_t sid;
+  rw::PortSpace ps;
+  uint16_t udp_port;
+  if (!rw::cm_request_service(mad, len, &sid) || !rw::parse_service_id(sid, &ps, &udp_port))
+    return -1;
+  pid_t pid = cm_port_holder(int(ps), udp_port);
+  return pid > 0 ? wire::slot_of_pid_with(pid, wire::kSlotHasGsi) : -1;
+}
+
+bool slot_alive(int slot) {
+  pid_t pid = wire::slot_owner(slot);
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+// What the host's CM answers for a MAD no CM process of this host will see (none runs, or
+// it names a process that is gone): REJ 8, SIDR_REP status 1 or DREP, as the kernel's CM
+// does (rw::cm_stateless_answer), sent from QP1 to the sender's QP1. One answer of the same
+// size per request: nothing to amplify.
+void answer_for_host(const rw::Datagram& d, const rw::Packet& pkt) {
+  uint8_t mad[rw::kMadBytes];
+  if (!rw::cm_stateless_answer(pkt.payload, pkt.payload_len, mad)) return;
+  uint8_t buf[rw::kGmpDatagramBytes];
+  size_t n = rw::encode_gmp(rw::Gmp{}, mad, buf, sizeof buf);
+  if (!n) return;
+  const uint32_t flow = rw::kGsiQpn;
+  rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.dst.bytes.data(), d.src.bytes.data(),
+                                                   port().source_port(flow));
+  rw::icrc_fill(ctx, buf, n);
+  if (rw::PcapWriter* t = trace()) t->write(ctx, buf, n);
+  rw::OutDatagram out{d.src, flow, buf, n, &d.dst};
+  port().send_batch(&out, 1);
+}
+
 // The QPN of this process's QP1 agent (roce_claim_gsi), 0 when there is none.
 std::atomic<uint32_t> g_gsi_qpn{0};
 
@@ -442,15 +481,25 @@ void on_datagram(const rw::Datagram& d) {
     // comm or request ID carries the slot); a request goes to our agent, or, without one,
     // to the lowest-slot process that runs one. The steering sends QP1 to the group's
     // lowest slot, which may have none.
+    // A REQ or SIDR_REQ goes to the process listening on its service ID when that is
+    // another one. A datagram is passed on at most once; what no CM process of this
+    // host will see is answered here (answer_for_host).
     int mine = wire::my_slot();
     int named = cm_slot_named(pkt.payload, pkt.payload_len);
     dest = g_gsi_qpn.load(std::memory_order_acquire);
     if (named > 0 && named != mine) {
-      if (!d.forwarded) port().pass_to(d, named);
+      if (d.forwarded) return;
+      if (!port().pass_to(d, named) && !slot_alive(named)) answer_for_host(d, pkt);
       return;
     }
+    if (!d.forwarded) {
+      int listener = cm_slot_listening(pkt.payload, pkt.payload_len);
+      if (listener > 0 && listener != mine && port().pass_to(d, listener)) return;
+    }
     if (!dest) {
+      if (d.forwarded) return;
       if (int to = wire::lowest_slot_with(wire::kSlotHasGsi, mine); to > 0) port().pass_to(d, to);
+      else answer_for_host(d, pkt);  // no CM process on this host
       return;
     }
   }

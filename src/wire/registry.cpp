@@ -123,6 +123,15 @@ int lowest_slot_with(uint32_t flag, int except) {
   return -1;
 }
 
+int slot_of_pid_with(pid_t pid, uint32_t flag) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table || pid <= 0) return -1;
+  for (int s = 1; s < kSlots - 1; ++s)
+    if (table[s].pid.load() == pid && (table[s].flags.load() & flag)) return alive(pid) ? s : -1;
+  return -1;
+}
+
 std::string agent_address(int slot) {
   // Abstract namespace: no file to clean up when a process dies.
   // The state directory is part of the name: registries in different directories (tests

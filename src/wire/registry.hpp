@@ -30,6 +30,8 @@ inline constexpr uint32_t kSlotHasGsi = 1;  // runs a QP1 agent (an rdma_cm MAD 
 void set_my_slot_flag(uint32_t flag, bool on);
 // The lowest slot other than `except` whose live owner has `flag` set, or -1.
 int lowest_slot_with(uint32_t flag, int except);
+// The slot of the live process `pid` when it has `flag` set, else -1.
+int slot_of_pid_with(pid_t pid, uint32_t flag);
 // The abstract Unix socket address of the agent serving `slot`.
 std::string agent_address(int slot);
 

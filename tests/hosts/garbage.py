@@ -2,6 +2,7 @@
 """Garbage for UDP port 4791 (tests/hosts/README.md, hosts.integrity.garbage).
 
   garbage.py INFO_FILE DST_IP SRC_IP [--seed N] [--count N]   send, print what was sent
+  garbage.py --cm DST_IP SRC_IP [--seed N] [--count N]        MADs to QP1 (below)
   garbage.py --self-test PCAP                                  our ICRC against captured frames
 
 INFO_FILE is what `integrity -i` wrote on the server: its QPN, the PSN it expects first,
@@ -20,6 +21,20 @@ client's host, so a connected QP's source check passes) to DST_IP:4791, in round
   bad_seq    a correct ICRC and QPN, PSNs far behind or ahead, opcodes out of sequence
              (MIDDLE/LAST without FIRST), of other transports (UC, UD, RD, CNP), reserved,
              responses (ACK, NAK, READ response, ATOMIC ACK) to a QP with nothing outstanding
+With --cm (hosts.cm.garbage), rounds of datagrams to QP1 (the host's CM, decision 0007):
+  random     random bytes, as above
+  gmp_short  a GMP (BTH + DETH to QP1, Q_Key 0x80010000, correct ICRC) whose MAD is cut short
+  gmp_random a GMP with 256 random bytes for a MAD
+  bad_qkey   a CM MAD to QP1 with another Q_Key
+  bad_attr   a CM MAD header (class 7, version 2, Send) with an attribute ID the CM has not
+  bad_header a CM MAD with a wrong base version, class version or method
+  bad_field  a REJ with an ARI length over 72, a SIDR_REP with additional information over 72
+  dead_comm  MRA, REJ, REP, RTU, DREQ, DREP with random bodies naming comm IDs of random
+             registry slots (live or dead, any low bits): the receiver finds no connection
+  no_service REQ and SIDR_REQ for service IDs nobody listens on (never the live port, which
+             would be a legitimate request), with random bodies
+Answers (REJ 8, DREP, SIDR_REP) go back to SRC_IP's port 4791, whose CM drops them.
+
 A correct ICRC with the right QPN and the expected PSN would be a legitimate request (RoCE
 has no authentication), so those PSNs stay at least 2^22 away from the live ones.
 
@@ -99,6 +114,73 @@ def with_icrc(body, src_ip, dst_ip, src_port=SRC_PORT, flip=0):
     return body + struct.pack("<I", icrc(src_ip, dst_ip, src_port, body) ^ flip)
 
 
+GSI_QKEY = 0x80010000
+
+
+def gmp(mad, qkey=GSI_QKEY):
+    """A GMP datagram without its ICRC: UD SEND_ONLY to QP1 from QP1."""
+    return bth(UD | SEND_ONLY, 1, 0) + struct.pack(">II", qkey, 1) + mad
+
+
+def cm_mad(rng, attr, body=None, base=1, version=2, method=3):
+    header = struct.pack(">BBBBHHQHHI", base, 7, version, method, 0, 0, rng.getrandbits(64),
+                         attr, 0, 0)
+    if body is None:
+        body = bytes(rng.getrandbits(8) for _ in range(232))
+    return header + body[:232].ljust(232, b"\0")
+
+
+def cm_garbage(a):
+    """Garbage MADs to QP1 (--cm)."""
+    rng = random.Random(a.seed)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_PMTUDISC_DO: DF, ID 0
+    sock.bind((a.src, SRC_PORT))
+    sent = {}
+    cm_attrs = list(range(0x10, 0x1B)) + [0x01]
+
+    def send(kind, body, signed=True):
+        sock.sendto(with_icrc(body, a.src, a.dst) if signed else body, (a.dst, ROCE_PORT))
+        sent[kind] = sent.get(kind, 0) + 1
+
+    def rand(n):
+        return bytes(rng.getrandbits(8) for _ in range(n))
+
+    for _ in range(a.count):
+        send("random", rand(rng.randrange(0, 1473)), signed=False)
+        send("gmp_short", gmp(cm_mad(rng, rng.choice(cm_attrs))[:rng.randrange(0, 256)]))
+        send("gmp_random", gmp(rand(256)))
+        send("bad_qkey", gmp(cm_mad(rng, 0x15), qkey=rng.choice([0, 0x80010001, rng.getrandbits(32)])))
+        attr = rng.choice([a for a in range(0, 0x40) if a not in cm_attrs] + [0xFFFF, 0x8010])
+        send("bad_attr", gmp(cm_mad(rng, attr)))
+        bad = rng.choice([dict(base=rng.choice([0, 2, 0x81])), dict(version=rng.choice([0, 1, 3])),
+                          dict(method=rng.choice([0x01, 0x02, 0x81, 0x83, 0x7F]))])
+        send("bad_header", gmp(cm_mad(rng, rng.choice(cm_attrs), **bad)))
+        body = bytearray(rand(232))
+        if rng.random() < 0.5:
+            body[9] = 0x80 | rng.randrange(73, 128) << 1 & 0xFE | (body[9] & 1)  # REJ ARI length
+            send("bad_field", gmp(cm_mad(rng, 0x12, bytes(body))))
+        else:
+            body[5] = rng.randrange(73, 256)  # SIDR_REP additional information length
+            send("bad_field", gmp(cm_mad(rng, 0x18, bytes(body))))
+        body = bytearray(rand(232))
+        named = (rng.randrange(1, 1024) << 22 | rng.getrandbits(22)).to_bytes(4, "big")
+        attr = rng.choice([0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x18])
+        at = 0 if attr == 0x18 else 4  # SIDR_REP's request ID, else the remote comm ID
+        body[at:at + 4] = named
+        send("dead_comm", gmp(cm_mad(rng, attr, bytes(body))))
+        body = bytearray(rand(232))
+        port = rng.randrange(1, 65536)
+        while port in a.live_port:
+            port = rng.randrange(1, 65536)
+        ps = rng.choice([0x0106, 0x0111, 0x013F, 0x0002])
+        body[8:16] = (ps << 16 | port).to_bytes(8, "big")
+        send("no_service", gmp(cm_mad(rng, rng.choice([0x10, 0x17]), bytes(body))))
+    print("sent " + ", ".join(f"{k} {v}" for k, v in sent.items()) +
+          f" to {a.dst}:{ROCE_PORT} QP1 from {a.src}:{SRC_PORT}, seed {a.seed}")
+    return 0
+
+
 def self_test(pcap):
     """Our ICRC against every RoCE v2 frame (Ethernet, IPv4, UDP 4791) of a capture."""
     data = open(pcap, "rb").read()
@@ -137,9 +219,15 @@ def main():
     ap.add_argument("--seed", type=int, default=4791)
     ap.add_argument("--count", type=int, default=300, help="datagrams of each kind")
     ap.add_argument("--self-test", metavar="PCAP")
+    ap.add_argument("--cm", action="store_true", help="MADs to QP1: DST SRC")
+    ap.add_argument("--live-port", type=int, action="append", default=[],
+                    help="--cm: an rdma_cm port in use, never asked for")
     a = ap.parse_args()
     if a.self_test:
         return self_test(a.self_test)
+    if a.cm:
+        a.src, a.dst = a.dst, a.info  # positional: DST SRC
+        return cm_garbage(a)
     info = dict(kv.split("=") for kv in open(a.info).read().split())
     info = {k: int(v) for k, v in info.items()}
     qpn, psn0 = info["qpn"], info["psn"]

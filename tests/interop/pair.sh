@@ -50,7 +50,7 @@ listening() {
 
 # cm_listening PORT PS: a softverbs rdma_cm listener holds PORT in port space PS (106 TCP,
 # 111 UDP, in hex as in the name): an abstract unix socket "@softverbs-cm-HOST-PS-PORT",
-# where HOST is the FNV-1a hash of the state directory (src/cm/service.cpp, name_for).
+# where HOST is the FNV-1a hash of the state directory (src/common/cm_port_name.cpp).
 cm_listening() {
   local host
   host=$(python3 -c 'import sys

@@ -455,6 +455,26 @@ TEST_F(IbCm, StrayAnswersAreIgnored) {
   EXPECT_EQ(b.cm.state(pc), State::Established);
 }
 
+// A DREQ for a connection we do not have (its process died and its slot was taken, or it
+// is long over) gets a DREP all the same, as the kernel's cm_issue_drep sends.
+TEST_F(IbCm, DreqForNoConnectionGetsADrep) {
+  wr::CmDreq dreq;
+  dreq.local_comm_id = 0x1234;
+  dreq.remote_comm_id = 0x00c00077;
+  wr::CmMad m{wr::cm_header(0x55), dreq};
+  uint8_t buf[wr::kMadBytes];
+  ASSERT_TRUE(wr::encode_cm(m, buf));
+  b.cm.on_mad(Endpoint{b.self, a.self}, buf, sizeof buf, now);
+  ASSERT_EQ(wire.queue.size(), 1u);
+  wr::CmMad got = wire.queue.front().decoded();
+  EXPECT_EQ(got.hdr.tid, 0x55u);
+  const auto& drep = std::get<wr::CmDrep>(got.body);
+  EXPECT_EQ(drep.local_comm_id, 0x00c00077u);
+  EXPECT_EQ(drep.remote_comm_id, 0x1234u);
+  EXPECT_EQ(wire.queue.front().to.peer, a.self);
+  EXPECT_EQ(b.cm.connections(), 0u);
+}
+
 TEST_F(IbCm, UnsupportedGetIsAnsweredWithStatus0x0c) {
   uint8_t buf[wr::kMadBytes]{};
   wr::MadHeader h;

@@ -416,4 +416,33 @@ TEST(RoceCmFramesTest, Ipv6RequestAndReason28) {
 }
 
 }  // namespace
+// A host with no CM process answers statelessly (cm_stateless_answer, decision 0007): a REQ
+// nobody listens on gets the REJ rxe sent for the same REQ (frames 42, 43), a DREQ the DREP
+// rxe sent (frames 40, 41, the same IDs a connection would give); cm_request_service reads
+// the service ID the decoder reads. Answers, and anything cut short, get nothing.
+TEST(RoceCmFramesTest, StatelessAnswersAreWhatRxeSent) {
+  auto all = frames();
+  auto mad_of = [](const Frame& f) {
+    Gmp g;
+    const uint8_t* mad = nullptr;
+    EXPECT_EQ(decode_gmp(f.dgram, f.len, &g, &mad), GmpError::kOk) << f.what;
+    return mad;
+  };
+  uint8_t out[kMadBytes];
+  for (auto [request, answer] : {std::pair{42, 43}, std::pair{40, 41}}) {
+    ASSERT_TRUE(cm_stateless_answer(mad_of(all[request]), kMadBytes, out)) << request;
+    CmMad got;
+    ASSERT_EQ(decode_cm(out, kMadBytes, &got), CmError::kOk);
+    EXPECT_EQ(got, decode_frame(all[answer])) << request;
+    EXPECT_FALSE(cm_stateless_answer(mad_of(all[answer]), kMadBytes, out)) << answer;
+    EXPECT_FALSE(cm_stateless_answer(mad_of(all[request]), kMadBytes - 1, out)) << request;
+  }
+  uint64_t sid = 0;
+  EXPECT_TRUE(cm_request_service(mad_of(all[42]), kMadBytes, &sid));
+  EXPECT_EQ(sid, service_id(PortSpace::kTcp, 7999));
+  EXPECT_FALSE(cm_request_service(mad_of(all[43]), kMadBytes, &sid));
+  EXPECT_FALSE(cm_request_service(mad_of(all[42]), kMadBytes - 1, &sid));
+}
+
 }  // namespace softverbs::wire::roce
+

@@ -414,4 +414,39 @@ uint32_t cm_answer_id(const uint8_t* mad, size_t len) {
   }
 }
 
+bool cm_request_service(const uint8_t* mad, size_t len, uint64_t* service_id) {
+  if (len != kMadBytes || mad[1] != kMgmtClassCm) return false;
+  auto attr = static_cast<CmAttr>(get16(mad + 16));
+  if (attr != CmAttr::kReq && attr != CmAttr::kSidrReq) return false;
+  *service_id = get64(mad + kMadHeaderBytes + 8);  // at byte 8 of both messages
+  return true;
+}
+
+bool cm_stateless_answer(const uint8_t* mad, size_t len, uint8_t out[kMadBytes]) {
+  CmMad in;
+  if (decode_cm(mad, len, &in) != CmError::kOk) return false;
+  CmMad answer{cm_header(in.hdr.tid), CmRtu{}};
+  if (const auto* req = std::get_if<CmReq>(&in.body)) {
+    CmRej rej;
+    rej.remote_comm_id = req->local_comm_id;  // local comm ID 0: no id took it
+    rej.message_rejected = kCmRespReq;
+    rej.reason = kRejInvalidServiceId;
+    answer.body = rej;
+  } else if (const auto* sreq = std::get_if<CmSidrReq>(&in.body)) {
+    CmSidrRep rep;
+    rep.request_id = sreq->request_id;
+    rep.status = kSidrUnsupported;
+    rep.service_id = sreq->service_id;
+    answer.body = rep;
+  } else if (const auto* dreq = std::get_if<CmDreq>(&in.body)) {
+    CmDrep drep;
+    drep.local_comm_id = dreq->remote_comm_id;
+    drep.remote_comm_id = dreq->local_comm_id;
+    answer.body = drep;
+  } else {
+    return false;
+  }
+  return encode_cm(answer, out);
+}
+
 }  // namespace softverbs::wire::roce

@@ -289,6 +289,17 @@ CmError decode_cm(const uint8_t* mad, size_t len, CmMad* out, const char** detai
 // still checked whole by decode_cm where it lands.
 uint32_t cm_answer_id(const uint8_t* mad, size_t len);
 
+// The service ID a REQ or SIDR_REQ asks for, read without decoding the rest (routing only,
+// like cm_answer_id); false for anything else.
+bool cm_request_service(const uint8_t* mad, size_t len, uint64_t* service_id);
+
+// What a host's CM answers when no connection or listener of its own is concerned (the
+// kernel's cm.c: REJ 8 for a REQ nobody listens on, SIDR_REP status 1 for such a SIDR_REQ,
+// cm_issue_drep's DREP for a DREQ naming no connection), built from the request alone:
+// the same TID, the requester's IDs echoed. False (nothing to answer) for anything else or
+// for a MAD that does not decode.
+bool cm_stateless_answer(const uint8_t* mad, size_t len, uint8_t out[kMadBytes]);
+
 // Writes the MAD: the header (attr_id from the body), then the body. Returns false, having
 // written an unspecified MAD, when a field does not fit its width (e.g. a 25-bit QPN) or a
 // length is over its maximum; reserved bits are written as 0.
