@@ -764,7 +764,8 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       a->path_mtu = id->path_mtu ? static_cast<ibv_mtu>(std::min<int>(id->path_mtu, device_mtu()))
                                  : device_mtu();
       a->dest_qp_num = id->remote_qpn;
-      a->rq_psn = id->remote_psn;
+      if (id->psn == 0) id->psn = random24();
+      a->rq_psn = starting_psns(id->psn, id->remote_psn).rq_psn;
       a->ah_attr.is_global = 1;
       a->ah_attr.grh.dgid = id->remote_gid;
       a->ah_attr.grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
@@ -780,7 +781,7 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       return 0;
     case IBV_QPS_RTS:
       if (id->psn == 0) id->psn = random24();
-      a->sq_psn = id->psn;
+      a->sq_psn = ud ? id->psn : starting_psns(id->psn, id->remote_psn).sq_psn;
       *mask |= IBV_QP_SQ_PSN;
       if (rc) {
         a->timeout = id->ack_timeout;
