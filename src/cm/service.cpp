@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "cm/cm.hpp"
+#include "cm/random.hpp"
 #include "common/state_dir.hpp"
 
 namespace softverbs::cm {
@@ -48,12 +48,6 @@ struct Service {
 Service& g_svc = *new Service;
 
 constexpr size_t kMaxPendingPerListener = 1024;
-
-uint32_t random24() {
-  uint32_t v = 0;
-  if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) v = static_cast<uint32_t>(getpid()) * 2654435761u;
-  return v & 0xffffff;
-}
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
