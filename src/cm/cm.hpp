@@ -86,7 +86,7 @@ struct Id {
   Id* listener = nullptr;     // passive ids: the listener whose request made them
   int sgid_index = 0;
   ibv_gid sgid{};
-  uint32_t psn = 0;           // our starting send PSN
+  uint32_t psn = 0;           // our starting receive PSN (UD: send PSN), sent in REQ/REP
   uint32_t local_qpn = 0;     // QP-less ids: the QPN the application named
   uint8_t responder_resources = 0, initiator_depth = 0;
   uint8_t retry_count = 7, rnr_retry_count = 7;

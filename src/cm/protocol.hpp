@@ -60,12 +60,23 @@ inline constexpr int kRejVendorOptionNotSupported = 35;  // rdma_reject_ece
 inline constexpr uint32_t kSidrReject = 1;       // rdma_reject
 inline constexpr uint32_t kSidrUnsupported = 2;  // nobody listens there
 
+// The PSNs a connected QP starts from. The starting PSN a REQ or a REP carries is the one
+// its sender's receive queue expects, i.e. where the peer's send queue starts: the kernel's
+// CM (cm.c) sets the active side's rq_psn and the passive side's sq_psn from the REQ's, the
+// other two from the REP's, and rxe's first packets carry them (roce_cm_frames_test). So a
+// side's own number is its rq_psn and the peer's its sq_psn (UD: no peer, it sends from its own).
+struct StartingPsns {
+  uint32_t rq_psn;
+  uint32_t sq_psn;
+};
+constexpr StartingPsns starting_psns(uint32_t own, uint32_t peers) { return {own, peers}; }
+
 struct Msg {
   uint32_t magic;
   uint16_t version;
   MsgType type;
   uint32_t qpn;          // REQ/REP/SIDR REP: the sender's QP number (24 bits)
-  uint32_t psn;          // REQ/REP: the sender's starting send PSN (24 bits)
+  uint32_t psn;          // REQ/REP: the sender's starting receive PSN (24 bits; starting_psns)
   uint32_t qkey;         // SIDR REP
   uint32_t status;       // REJ: reason; SIDR REP: 0 or kSidrRejected
   uint8_t gid[16];       // the sender's GID (its source address on the soft device)

@@ -10,7 +10,6 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,6 +24,7 @@
 
 #include "cm/cm.hpp"
 #include "cm/ib_cm.hpp"
+#include "cm/random.hpp"
 
 namespace softverbs::cm {
 
@@ -560,9 +560,7 @@ int remote_start_locked() {
   cfg.id_prefix = (slot & 0x3ff) << 22;
   cfg.tid_agent = slot;
   a->cm = std::make_unique<ib::Cm>(cfg, *a, *a);
-  uint32_t seed = 0;
-  (void)!getrandom(&seed, sizeof seed, GRND_NONBLOCK);
-  a->cm->seed(seed);
+  a->cm->seed(random32());
   g_agent = a.release();
   kick_service();
   return 0;

@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "cm/cm.hpp"
+#include "cm/random.hpp"
 #include "common/cm_port_name.hpp"
 #include "common/state_dir.hpp"
 
@@ -50,11 +50,6 @@ Service& g_svc = *new Service;
 
 constexpr size_t kMaxPendingPerListener = 1024;
 
-uint32_t random24() {
-  uint32_t v = 0;
-  if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) v = static_cast<uint32_t>(getpid()) * 2654435761u;
-  return v & 0xffffff;
-}
 
 void wake_service() {
   uint64_t one = 1;
@@ -748,7 +743,8 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       a->path_mtu = id->path_mtu ? static_cast<ibv_mtu>(std::min<int>(id->path_mtu, device_mtu()))
                                  : device_mtu();
       a->dest_qp_num = id->remote_qpn;
-      a->rq_psn = id->remote_psn;
+      if (id->psn == 0) id->psn = random24();
+      a->rq_psn = starting_psns(id->psn, id->remote_psn).rq_psn;
       a->ah_attr.is_global = 1;
       a->ah_attr.grh.dgid = id->remote_gid;
       a->ah_attr.grh.sgid_index = static_cast<uint8_t>(id->sgid_index);
@@ -764,7 +760,7 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       return 0;
     case IBV_QPS_RTS:
       if (id->psn == 0) id->psn = random24();
-      a->sq_psn = id->psn;
+      a->sq_psn = ud ? id->psn : starting_psns(id->psn, id->remote_psn).sq_psn;
       *mask |= IBV_QP_SQ_PSN;
       if (rc) {
         a->timeout = id->ack_timeout;

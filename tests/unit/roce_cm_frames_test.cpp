@@ -11,14 +11,17 @@
 #include <type_traits>
 #include <variant>
 
+#include "cm/protocol.hpp"
 #include "wire/roce/cm_msg.hpp"
 #include "wire/roce/icrc.hpp"
 #include "wire/roce/mad.hpp"
+#include "wire/roce/packet.hpp"
 
 namespace softverbs::wire::roce {
 namespace {
 
 #include "roce_cm_frames.inc"
+#include "roce_cm_data_frames.inc"
 
 struct Frame {
   std::string what;
@@ -265,6 +268,36 @@ TEST(RoceCmFramesTest, RcConnectionAndDisconnect) {
   EXPECT_EQ(drep_mad.hdr.tid, dreq_mad.hdr.tid);
   EXPECT_EQ(drep.local_comm_id, rep.local_comm_id);
   EXPECT_EQ(drep.remote_comm_id, req.local_comm_id);
+}
+
+// Which PSN a REQ's and a REP's starting PSN is: the first data packets of the connection
+// above (roce_cm_data_frames.inc) show it. The client's first SEND carries the REP's
+// starting PSN, the server's first READ request the REQ's: a side's own number is where its
+// receive queue starts, the peer's where its send queue starts (cm::starting_psns, which
+// rdma_init_qp_attr uses). Taking the REQ's as the client's send PSN made rxe NAK every
+// packet of ours with a PSN sequence error and ours NAK rxe's.
+TEST(RoceCmFramesTest, StartingPsnsAreTheReceiveQueues) {
+  auto all = frames();
+  const CmMad req_mad = decode_frame(all[1]), rep_mad = decode_frame(all[2]);
+  const CmReq& req = std::get<CmReq>(req_mad.body);
+  const CmRep& rep = std::get<CmRep>(rep_mad.body);
+  Packet client_first, server_first;
+  for (const RxeFrame& f : kRxeDataFrames) {
+    Frame p = parse(f);
+    Packet* out = p.number == 4 ? &client_first : &server_first;
+    ASSERT_TRUE(decode(p.dgram, p.len, out)) << p.what;
+  }
+  EXPECT_EQ(client_first.opcode, kRc | kSendOnly);
+  EXPECT_EQ(client_first.dest_qp, rep.local_qpn);
+  EXPECT_EQ(server_first.opcode, kRc | kReadRequest);
+  EXPECT_EQ(server_first.dest_qp, req.local_qpn);
+
+  const auto client = cm::starting_psns(req.starting_psn, rep.starting_psn);
+  const auto server = cm::starting_psns(rep.starting_psn, req.starting_psn);
+  EXPECT_EQ(client.sq_psn, client_first.psn);
+  EXPECT_EQ(server.rq_psn, client_first.psn);
+  EXPECT_EQ(server.sq_psn, server_first.psn);
+  EXPECT_EQ(client.rq_psn, server_first.psn);
 }
 
 // Nobody listens on port 7999: the CM itself rejects with reason 8 and local comm ID 0.

@@ -45,7 +45,33 @@ int main(int argc, char **argv) {
     sleep(1); /* let the REJ leave before the id goes */
     return 0;
   }
-  if (argc == 5 && !strcmp(argv[1], "connect")) {
+  if (argc == 5 && !strcmp(argv[1], "accept")) {
+    static const char hello[] = "softverbs: REP private data from cm_peer";
+    addr(&src, argv[2], atoi(argv[3]));
+    if (rdma_bind_addr(id, (struct sockaddr *)&src) || rdma_listen(id, 1)) { perror("listen"); return 1; }
+    struct rdma_cm_event *ev = wait_event(ch);
+    if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) return 1;
+    struct rdma_cm_id *conn = ev->id;
+    rdma_ack_cm_event(ev);
+    sleep(atoi(argv[4])); /* longer than the REQ's timeout: the requester sends it again */
+    struct ibv_qp_init_attr qa = {.cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+                                          .max_recv_sge = 1}, .qp_type = IBV_QPT_RC};
+    if (rdma_create_qp(conn, NULL, &qa)) { perror("rdma_create_qp"); return 1; }
+    struct rdma_conn_param cp = {.private_data = hello, .private_data_len = sizeof hello,
+                                 .responder_resources = 1, .initiator_depth = 1, .rnr_retry_count = 7};
+    if (rdma_accept(conn, &cp)) { perror("rdma_accept"); return 1; }
+    ev = wait_event(ch);
+    if (ev->event != RDMA_CM_EVENT_ESTABLISHED) return 1;
+    rdma_ack_cm_event(ev);
+    sleep(1);
+    if (rdma_disconnect(conn)) { perror("rdma_disconnect"); return 1; }
+    ev = wait_event(ch);
+    int ok = ev->event == RDMA_CM_EVENT_DISCONNECTED;
+    rdma_ack_cm_event(ev);
+    return ok ? 0 : 1;
+  }
+  if ((argc == 5 || argc == 6) && !strcmp(argv[1], "connect")) {
+    const char *expect = argc == 6 ? argv[5] : "REJECTED";
     static const char hello[] = "softverbs: REQ private data from cm_peer";
     addr(&src, argv[2], 0);
     addr(&dst, argv[3], atoi(argv[4]));
@@ -63,10 +89,20 @@ int main(int argc, char **argv) {
                                  .rnr_retry_count = 6};
     if (rdma_connect(id, &cp)) { perror("rdma_connect"); return 1; }
     ev = wait_event(ch);
-    int ok = ev->event == RDMA_CM_EVENT_REJECTED;
+    if (!strcmp(expect, "REJECTED")) {
+      int ok = ev->event == RDMA_CM_EVENT_REJECTED;
+      rdma_ack_cm_event(ev);
+      return ok ? 0 : 1;
+    }
+    if (ev->event != RDMA_CM_EVENT_ESTABLISHED) return 1;
     rdma_ack_cm_event(ev);
+    ev = wait_event(ch); /* the acceptor disconnects first */
+    int ok = ev->event == RDMA_CM_EVENT_DISCONNECTED;
+    rdma_ack_cm_event(ev);
+    rdma_disconnect(id);
     return ok ? 0 : 1;
   }
-  fprintf(stderr, "usage: cm_peer reject ADDR PORT | cm_peer connect BIND DST PORT\n");
+  fprintf(stderr, "usage: cm_peer reject ADDR PORT | cm_peer accept ADDR PORT SECONDS |"
+                  " cm_peer connect BIND DST PORT [REJECTED|ESTABLISHED]\n");
   return 2;
 }
