@@ -152,6 +152,18 @@ int Cm::send_rtu(uint32_t conn, Time now) {
   return 0;
 }
 
+int Cm::establish(uint32_t conn, Time now) {
+  (void)now;
+  Conn* c = find(conn);
+  if (c && c->state == State::Established) return EISCONN;
+  // RepSent also covers the kernel's MRA_REP_RCVD (an MRA only pushes our deadline).
+  if (!c || c->state != State::RepSent) return EINVAL;
+  c->state = State::Established;
+  c->deadline = kNever;
+  if (c->user) user_.on_established(c->user);
+  return 0;
+}
+
 uint32_t Cm::sidr_query(void* user, const Endpoint& to, wr::CmSidrReq req, Time now) {
   Conn& c = open(to, true, 0, 0, State::SidrReqSent);
   uint32_t id = c.local_id;

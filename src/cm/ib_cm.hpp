@@ -118,6 +118,11 @@ class Cm {
   // Answers a SIDR_REQ given to the user (request ID and service ID filled here).
   int sidr_reply(uint32_t conn, wr::CmSidrRep rep, Time now);
 
+  // The user saw traffic on the QP before the RTU (COMM_EST, rdma_notify): RepSent ->
+  // Established as the kernel's cm_establish (the REP's resends stop, on_established is
+  // told, a late RTU is ignored). EISCONN when established already, EINVAL otherwise.
+  int establish(uint32_t conn, Time now);
+
   // Established (or RepSent/RepRcvd) -> DreqSent. EINVAL in other states.
   int disconnect(uint32_t conn, Time now);
   // The user goes away: what IBA sends in that state (REJ while connecting, DREQ when

@@ -341,6 +341,33 @@ TEST_F(IbCm, LostRtuIsRecoveredByTheRepResend) {
   EXPECT_EQ(b.events.back(), "ESTABLISHED");
 }
 
+TEST_F(IbCm, CommEstAfterALostRtuEstablishesAndTheLateRtuIsIgnored) {
+  uint32_t ac = a.cm.connect(&a.token, a_to_b, req(), now);
+  pump();
+  uint32_t pc = b.last_conn;
+  EXPECT_EQ(b.cm.establish(pc, now), EINVAL);  // REQ_RCVD: no REP sent yet
+  ASSERT_EQ(b.cm.accept(pc, rep(), now), 0);
+  pump();
+  ASSERT_EQ(a.cm.send_rtu(ac, now), 0);
+  Wire::Mad rtu = wire.queue.front();
+  wire.queue.clear();  // the RTU is lost; the first SEND reaches b's QP (COMM_EST)
+  b.events.clear();
+  ASSERT_EQ(b.cm.establish(pc, now), 0);
+  EXPECT_EQ(b.cm.state(pc), State::Established);
+  EXPECT_EQ(b.events, std::vector<std::string>{"ESTABLISHED"});
+  EXPECT_EQ(b.cm.next_deadline(), kNever);  // the REP is not resent any more
+  EXPECT_EQ(b.cm.establish(pc, now), EISCONN);
+  wire.queue.push_back(rtu);  // the RTU comes after all: nothing more happens
+  pump();
+  EXPECT_EQ(b.events, std::vector<std::string>{"ESTABLISHED"});
+  advance(req_timeout);
+  EXPECT_TRUE(wire.queue.empty());
+  EXPECT_EQ(a.cm.establish(ac, now), EISCONN);  // the active side is established by its RTU
+  EXPECT_EQ(b.cm.disconnect(pc, now), 0);  // and the connection ends as any other
+  pump();
+  EXPECT_EQ(a.events.back(), "DISCONNECT");
+}
+
 TEST_F(IbCm, RepNeverAnsweredTimesOutWithRejTimeout) {
   a.cm.connect(&a.token, a_to_b, req(), now);
   pump();
