@@ -246,6 +246,25 @@ int Cm::disconnect(uint32_t conn, Time now) {
   }
 }
 
+std::vector<Cm::Established> Cm::established() const {
+  std::vector<Established> out;
+  for (const auto& [id, c] : conns_)
+    if (c.state == State::Established) out.push_back({c.local_id, c.remote_id, c.remote_qpn, c.ep});
+  return out;
+}
+
+bool Cm::disconnect_orphan(const Established& e, Time now) {
+  if (!e.local_id || conns_.count(e.local_id)) return false;
+  Conn& c = conns_[e.local_id];
+  c.local_id = e.local_id;
+  c.remote_id = e.remote_id;
+  c.remote_qpn = e.remote_qpn;
+  c.ep = e.ep;
+  c.tid = new_tid(e.local_id);
+  c.state = State::Established;
+  return disconnect(e.local_id, now) == 0;
+}
+
 void Cm::destroy(uint32_t conn, Time now) {
   Conn* c = find(conn);
   if (!c) return;

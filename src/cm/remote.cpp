@@ -25,6 +25,7 @@
 
 #include "cm/cm.hpp"
 #include "cm/ib_cm.hpp"
+#include "cm/orphans.hpp"
 #include "common/neighbour.hpp"
 
 namespace softverbs::cm {
@@ -671,11 +672,19 @@ int remote_start_locked() {
   return 0;
 }
 
+namespace {
+uint32_t my_slot_of_agent() { return g_agent->qp->qp_num >> 14; }
+// Our established connections, published for the host's CM should we die (orphans.hpp).
+void publish_established() {
+  if (g_agent) orphans_publish_locked(*g_agent->cm, my_slot_of_agent());
+}
+}  // namespace
+
 int remote_fd_locked() { return g_agent ? g_agent->channel->fd : -1; }
 
 int remote_timeout_ms_locked() {
   ib::Time t = next_resolution_poll();
-  if (g_agent) t = std::min(t, g_agent->cm->next_deadline());
+  if (g_agent) t = std::min({t, g_agent->cm->next_deadline(), orphans_next_scan_locked()});
   if (t == ib::kNever) return -1;
   ib::Time left = t - now_ns();
   return left <= 0 ? 0 : int(std::min<ib::Time>(left / 1000000 + 1, 60000));
@@ -690,6 +699,8 @@ void remote_service_locked() {
   ibv_req_notify_cq(g_agent->cq, 0);
   g_agent->drain_sends();  // every completion: receives go to the CM
   g_agent->cm->on_time(now_ns());
+  orphans_scan_locked(*g_agent->cm, my_slot_of_agent(), now_ns());
+  publish_established();
 }
 
 // ---- the ids' calls
@@ -790,7 +801,9 @@ int remote_reject_locked(Id* id, const void* data, uint8_t len, int reason) {
 
 int remote_rtu_locked(Id* id) {
   if (!g_agent || !id->conn) return ECONNRESET;
-  return g_agent->cm->send_rtu(id->conn, now_ns());
+  int err = g_agent->cm->send_rtu(id->conn, now_ns());
+  kick_service();  // the service publishes the new connection
+  return err;
 }
 
 void remote_reject_rep_locked(Id* id) {
@@ -802,6 +815,7 @@ void remote_reject_rep_locked(Id* id) {
 int remote_disconnect_locked(Id* id) {
   if (!g_agent || !id->conn) return 0;
   int err = g_agent->cm->disconnect(id->conn, now_ns());
+  publish_established();
   kick_service();
   return err == EINVAL ? 0 : err;
 }
@@ -809,8 +823,11 @@ int remote_disconnect_locked(Id* id) {
 int remote_notify_locked(Id* id, ibv_event_type event) {
   if (!g_agent || !id->conn) return EINVAL;  // no IB CM connection (cma.c: no cm_id.ib)
   switch (event) {
-    case IBV_EVENT_COMM_EST:
-      return g_agent->cm->establish(id->conn, now_ns());
+    case IBV_EVENT_COMM_EST: {
+      int err = g_agent->cm->establish(id->conn, now_ns());
+      kick_service();  // the service publishes the new connection
+      return err;
+    }
     case IBV_EVENT_PATH_MIG:
       return g_agent->cm->state(id->conn) == ib::State::Established ? 0 : EINVAL;
     default:
@@ -823,6 +840,7 @@ void remote_destroy_locked(Id* id) {
   if (!g_agent || !id->conn) return;
   g_agent->cm->destroy(id->conn, now_ns());
   id->conn = 0;
+  publish_established();  // now: the process may exit before the service runs again
   kick_service();
 }
 

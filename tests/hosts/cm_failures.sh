@@ -17,6 +17,10 @@
 #   peer-killed  the server on B is SIGKILLed once connected; the client on A keeps sending:
 #                its sends fail after the QP's retries, then rdma_disconnect ends in
 #                DISCONNECTED (DREP from B's other CM process for the dead one's comm ID)
+#   killed-silent the server on B is SIGKILLed once connected while another CM process runs
+#                on B; the client on A never sends, yet gets DISCONNECTED: B's other CM
+#                process finds the dead one's published connections and sends the DREQ its
+#                kernel would have
 #   garbage      garbage.py --cm (fixed seed) sends malformed and stray MADs to B's QP1 while
 #                rping connects and runs: nothing breaks
 #   resolve      rdma_resolve_addr from A as the kernel's ib_addr: B resolves (ARP) at once;
@@ -207,6 +211,30 @@ case $case_name in
     check "DISCONNECTED came after rdma_disconnect (${ms:-never} ms)" "[[ -n '$ms' ]] && ((rc_cli == 0))"
     check "from B's DREP, before a DREQ resend (${fast_interval_us} us)" \
       "((${ms:-99999} * 1000 < fast_interval_us))"
+    kill "$pid_other" 2>/dev/null
+    ;;
+  killed-silent)
+    # The other CM process first: it holds B's lowest slot with an agent (the host's CM).
+    start other B 30 rping -s -a "$b" -p $((port + 2)) -C 1
+    wait_cm B $((port + 2)) || exit 1
+    start srv B 30 "$cm_peer" server "$b" "$port" accept
+    wait_cm B "$port" || exit 1
+    start cli A 20 "$cm_peer" client "$b" "$port" wait
+    wait_line cli '^established' 10
+    victim=$(descendant "$pid_srv" cm_peer)
+    check "found the server's process" "[[ -n '$victim' ]]"
+    published=$HOST_B_STATE/cm-established-$victim
+    for ((i = 0; i < 100; i++)); do [[ -e $published ]] && break; sleep 0.02; done
+    check "the server published its connection ($published)" "[[ -e '$published' ]]"
+    t0=$(now_ms)
+    kill -KILL "$victim"
+    wait_line cli '^disconnected while waiting' 10
+    ms=$(($(now_ms) - t0))
+    finish_side cli
+    check "the client, which never sends, got DISCONNECTED (${ms} ms after the kill)" \
+      "grep -q '^disconnected while waiting' $tmp/cli && ((rc_cli == 0))"
+    check "within the host CM's scan (1 s) and a DREQ's round trip" "((ms < 3000))"
+    check "the dead server's file was taken" "[[ ! -e '$published' ]]"
     kill "$pid_other" 2>/dev/null
     ;;
   garbage)

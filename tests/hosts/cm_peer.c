@@ -14,7 +14,7 @@
  *                                       "resolve_addr failed errno E" (it failed itself),
  *                                       "addr_error status S after MS ms" or
  *                                       "addr_resolved after MS ms"
- *   cm_peer client ADDR PORT [send]   connects; prints the event it got:
+ *   cm_peer client ADDR PORT [send|wait] connects; prints the event it got:
  *                                       "rejected status S private_len N data TEXT"
  *                                       "unreachable status S after MS ms"
  *                                       "established"
@@ -22,6 +22,9 @@
  *                                     one completes in error ("send error STATUS after N
  *                                     sends"), then rdma_disconnect and "disconnected after
  *                                     MS ms" when DISCONNECTED comes (exit 5 if it never does
+ *                                     within 60 s).
+ *                                     With `wait`: sends nothing, waits for DISCONNECTED
+ *                                     ("disconnected while waiting"; exit 5 without it
  *                                     within 60 s).
  * Every line is flushed as it is printed (the scripts kill the peer on "established"). */
 #include <infiniband/verbs.h>
@@ -200,6 +203,18 @@ static int client(struct sockaddr *dst, int send_mode) {
   rdma_ack_cm_event(ev);
   printf("established\n");
   fflush(stdout);
+  if (send_mode == 2) {
+    while ((ev = next_event(ch, 60000))) {
+      enum rdma_cm_event_type type = ev->event;
+      rdma_ack_cm_event(ev);
+      if (type == RDMA_CM_EVENT_DISCONNECTED) {
+        printf("disconnected while waiting\n");
+        return 0;
+      }
+    }
+    printf("no DISCONNECTED within 60 s\n");
+    return 5;
+  }
   if (!send_mode) return 0;
   static char buf[64] = "ping";
   struct ibv_mr *mr = ibv_reg_mr(id->pd, buf, sizeof buf, 0);
@@ -242,7 +257,7 @@ static int client(struct sockaddr *dst, int send_mode) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 4) {
-    fprintf(stderr, "usage: cm_peer server ADDR PORT reject|accept|notify | client ADDR PORT [send] |"
+    fprintf(stderr, "usage: cm_peer server ADDR PORT reject|accept|notify | client ADDR PORT [send|wait] |"
                     " resolve ADDR TIMEOUT_MS\n");
     return 2;
   }
@@ -255,5 +270,5 @@ int main(int argc, char **argv) {
   get_addr(argv[2], argv[3], &addr);
   const char *mode = argc > 4 ? argv[4] : "";
   if (!strcmp(argv[1], "server")) return server((struct sockaddr *)&addr, !strcmp(mode, "reject"), !strcmp(mode, "notify"));
-  return client((struct sockaddr *)&addr, argc > 4 && !strcmp(argv[4], "send"));
+  return client((struct sockaddr *)&addr, !strcmp(mode, "send") ? 1 : !strcmp(mode, "wait") ? 2 : 0);
 }
