@@ -60,6 +60,7 @@ struct Channel {
 enum class IdState {
   Idle,
   Bound,          // has a port (bind_addr, or implicitly by resolve_addr)
+  AddrQuery,      // resolve_addr to another host waits for the neighbour (ARP/ND)
   AddrResolved,
   RouteResolved,
   Listening,
@@ -201,6 +202,13 @@ uint8_t path_mtu_for(const ibv_gid& local);
 // The source address the kernel's routing table picks for `dst` (port 0): 0 or an errno
 // value (EHOSTUNREACH, ENETUNREACH, EADDRNOTAVAIL when it is not one of the device's).
 int resolve_remote_locked(Id* id, const sockaddr* dst, sockaddr_storage* source);
+// The rest of rdma_resolve_addr to another host (the agent started, the id bound): the
+// next hop's neighbour must be valid before ADDR_RESOLVED, as the kernel's ib_addr wants.
+// Valid now: ADDR_RESOLVED queued. Else the kernel is made to resolve it, the id waits in
+// AddrQuery and the service's timers poll it: ADDR_RESOLVED, or ADDR_ERROR -ETIMEDOUT
+// after timeout_ms. Returns 0, or an errno value for rdma_resolve_addr to fail with (no
+// route).
+int remote_resolve_addr_locked(Id* id, const sockaddr_storage& source, int timeout_ms);
 // Starts the process's MAD agent (QP1 and the IB CM) once; 0 or an errno value.
 int remote_start_locked();
 int remote_fd_locked();          // the agent's completion channel, -1 without one
@@ -212,6 +220,10 @@ int remote_reject_locked(Id* id, const void* data, uint8_t len, int reason);
 int remote_rtu_locked(Id* id);
 void remote_reject_rep_locked(Id* id);
 int remote_disconnect_locked(Id* id);
+// rdma_notify between hosts: COMM_EST establishes a passive id whose RTU has not come
+// (Cm::establish); PATH_MIG is 0 once established (no alternate path to move to). 0 or an
+// errno value (EINVAL, EISCONN), as the kernel's ib_cm_notify.
+int remote_notify_locked(Id* id, ibv_event_type event);
 void remote_destroy_locked(Id* id);
 
 }  // namespace softverbs::cm

@@ -210,6 +210,9 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       err = bind_locked(id, reinterpret_cast<sockaddr*>(&from));
     }
     if (!err && id->state != IdState::Bound && id->state != IdState::AddrResolved) err = EINVAL;
+    // No route: rdma_resolve_addr itself fails, as the kernel's rdma_resolve_ip does when
+    // its first route lookup does (the id stays bound).
+    if (!err && remote && route_err && route_err != EADDRNOTAVAIL) err = route_err;
     if (!err) {
       std::memset(&id->id.route.addr.dst_storage, 0, sizeof(sockaddr_storage));
       std::memcpy(&id->id.route.addr.dst_storage, dst, addr_len(dst));
@@ -218,27 +221,8 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       // A multicast group is reached through our own port.
       if (is_multicast_addr(dst)) index = id->id.verbs ? id->sgid_index : 0;
       if (remote && !route_err && (route_err = remote_start_locked()) == 0) {
-        if (!id->id.verbs) {  // bound to a wildcard: the route's source, keeping the port
-          uint16_t port = id->port;
-          id->id.route.addr.src_storage = source;
-          set_port(&id->id.route.addr.src_storage, port);
-          id->id.verbs = device_context();
-          id->id.pd = device_pd();
-          id->id.port_num = 1;
-          id->sgid_index = gid_index_of(reinterpret_cast<sockaddr*>(&source));
-          gid_at(id->sgid_index, &id->sgid);
-        }
-        std::memset(&id->remote_gid, 0, sizeof(id->remote_gid));
-        if (dst->sa_family == AF_INET) {
-          id->remote_gid.raw[10] = id->remote_gid.raw[11] = 0xff;
-          std::memcpy(id->remote_gid.raw + 12, &reinterpret_cast<const sockaddr_in*>(dst)->sin_addr, 4);
-        } else {
-          std::memcpy(id->remote_gid.raw, &reinterpret_cast<const sockaddr_in6*>(dst)->sin6_addr, 16);
-        }
-        id->remote = true;
-        id->path_mtu = path_mtu_for(id->sgid);
-        id->state = IdState::AddrResolved;
-        queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+        // The neighbour (ARP/ND) next: ADDR_RESOLVED now or from the service's timers.
+        err = remote_resolve_addr_locked(id, source, timeout_ms);
       } else if (remote || index < 0) {
         queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -(route_err ? route_err : EHOSTUNREACH));
       } else {
@@ -255,7 +239,6 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       }
     }
   }
-  (void)timeout_ms;  // resolution is immediate on one host
   return after(id, err);
 }
 
@@ -435,9 +418,14 @@ int rdma_reject_ece(rdma_cm_id* raw, const void* data, uint8_t len) {
 }
 
 int rdma_notify(rdma_cm_id* raw, enum ibv_event_type event) {
-  // Our RTU never gets lost, so there is nothing for COMM_EST to hurry along.
-  (void)event;
-  return checked(raw) ? 0 : -1;
+  Id* id = checked(raw);
+  if (!id) return -1;
+  std::lock_guard<std::mutex> lock(g_mu);
+  // Between hosts the RTU can be lost: COMM_EST establishes as the kernel's CM does. On
+  // one host the RTU never gets lost, so there is nothing to hurry along.
+  if (!id->remote) return 0;
+  if (int err = remote_notify_locked(id, event)) return fail(err);
+  return 0;
 }
 
 int rdma_disconnect(rdma_cm_id* raw) {

@@ -152,6 +152,18 @@ int Cm::send_rtu(uint32_t conn, Time now) {
   return 0;
 }
 
+int Cm::establish(uint32_t conn, Time now) {
+  (void)now;
+  Conn* c = find(conn);
+  if (c && c->state == State::Established) return EISCONN;
+  // RepSent also covers the kernel's MRA_REP_RCVD (an MRA only pushes our deadline).
+  if (!c || c->state != State::RepSent) return EINVAL;
+  c->state = State::Established;
+  c->deadline = kNever;
+  if (c->user) user_.on_established(c->user);
+  return 0;
+}
+
 uint32_t Cm::sidr_query(void* user, const Endpoint& to, wr::CmSidrReq req, Time now) {
   Conn& c = open(to, true, 0, 0, State::SidrReqSent);
   uint32_t id = c.local_id;
@@ -232,6 +244,25 @@ int Cm::disconnect(uint32_t conn, Time now) {
     default:
       return EINVAL;
   }
+}
+
+std::vector<Cm::Established> Cm::established() const {
+  std::vector<Established> out;
+  for (const auto& [id, c] : conns_)
+    if (c.state == State::Established) out.push_back({c.local_id, c.remote_id, c.remote_qpn, c.ep});
+  return out;
+}
+
+bool Cm::disconnect_orphan(const Established& e, Time now) {
+  if (!e.local_id || conns_.count(e.local_id)) return false;
+  Conn& c = conns_[e.local_id];
+  c.local_id = e.local_id;
+  c.remote_id = e.remote_id;
+  c.remote_qpn = e.remote_qpn;
+  c.ep = e.ep;
+  c.tid = new_tid(e.local_id);
+  c.state = State::Established;
+  return disconnect(e.local_id, now) == 0;
 }
 
 void Cm::destroy(uint32_t conn, Time now) {

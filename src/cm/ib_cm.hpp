@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <span>
+#include <vector>
 
 #include "wire/roce/cm_msg.hpp"
 #include "wire/roce/mad.hpp"
@@ -118,11 +119,32 @@ class Cm {
   // Answers a SIDR_REQ given to the user (request ID and service ID filled here).
   int sidr_reply(uint32_t conn, wr::CmSidrRep rep, Time now);
 
+  // The user saw traffic on the QP before the RTU (COMM_EST, rdma_notify): RepSent ->
+  // Established as the kernel's cm_establish (the REP's resends stop, on_established is
+  // told, a late RTU is ignored). EISCONN when established already, EINVAL otherwise.
+  int establish(uint32_t conn, Time now);
+
   // Established (or RepSent/RepRcvd) -> DreqSent. EINVAL in other states.
   int disconnect(uint32_t conn, Time now);
   // The user goes away: what IBA sends in that state (REJ while connecting, DREQ when
   // established), after which the connection no longer reports to anyone.
   void destroy(uint32_t conn, Time now);
+
+  // ---- a dead process's connections (docs/decisions/0007: its kernel would send DREQs)
+  // What a DREQ for an established connection needs.
+  struct Established {
+    uint32_t local_id = 0;
+    uint32_t remote_id = 0;
+    uint32_t remote_qpn = 0;
+    Endpoint ep;
+    bool operator==(const Established&) const = default;
+  };
+  // Every established connection, by local comm ID.
+  std::vector<Established> established() const;
+  // Takes over an established connection of a process of this host that died without its
+  // DREQ: sends the DREQ under the dead process's comm IDs, resent as ours until the DREP
+  // (or the retries) end it; nobody is told. False when the local ID is in use here.
+  bool disconnect_orphan(const Established& e, Time now);
 
   // One MAD from QP1 (from: its source GID and the local GID it came to).
   void on_mad(const Endpoint& from, const uint8_t* mad, size_t len, Time now);

@@ -24,7 +24,9 @@
 
 #include "cm/cm.hpp"
 #include "cm/ib_cm.hpp"
+#include "cm/orphans.hpp"
 #include "cm/random.hpp"
+#include "common/neighbour.hpp"
 
 namespace softverbs::cm {
 
@@ -514,6 +516,108 @@ int resolve_remote_locked(Id* id, const sockaddr* dst, sockaddr_storage* source)
   return 0;
 }
 
+// ---- neighbour resolution (rdma_resolve_addr's wait for ARP/ND)
+
+namespace {
+
+// An id in AddrQuery: whose neighbour to ask about, until when.
+struct Resolution {
+  Id* id;
+  NextHop hop;
+  sockaddr_storage source;
+  ib::Time deadline;
+  ib::Time next_poll;
+  int polls = 0;
+};
+std::vector<Resolution> g_resolutions;  // under g_mu
+
+// The id is resolved: its device and source (a wildcard-bound id takes the route's, keeping
+// its port), the peer's GID, the path MTU; ADDR_RESOLVED.
+void addr_resolved(Id* id, const sockaddr_storage& source) {
+  if (!id->id.verbs) {
+    uint16_t port = id->port;
+    id->id.route.addr.src_storage = source;
+    set_port(&id->id.route.addr.src_storage, port);
+    id->id.verbs = device_context();
+    id->id.pd = device_pd();
+    id->id.port_num = 1;
+    id->sgid_index = gid_index_of(reinterpret_cast<const sockaddr*>(&source));
+    gid_at(id->sgid_index, &id->sgid);
+  }
+  const sockaddr* dst = &id->id.route.addr.dst_addr;
+  std::memset(&id->remote_gid, 0, sizeof(id->remote_gid));
+  if (dst->sa_family == AF_INET) {
+    id->remote_gid.raw[10] = id->remote_gid.raw[11] = 0xff;
+    std::memcpy(id->remote_gid.raw + 12, &reinterpret_cast<const sockaddr_in*>(dst)->sin_addr, 4);
+  } else {
+    std::memcpy(id->remote_gid.raw, &reinterpret_cast<const sockaddr_in6*>(dst)->sin6_addr, 16);
+  }
+  id->remote = true;
+  id->path_mtu = path_mtu_for(id->sgid);
+  id->state = IdState::AddrResolved;
+  queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+}
+
+// Polls every waiting id whose time has come: valid → ADDR_RESOLVED; past its deadline →
+// ADDR_ERROR -ETIMEDOUT (addr.c's status once timeout_ms has passed); else later, at
+// 1, 2, 4 ... 32 ms intervals (the kernel is woken by the neighbour's update instead).
+void poll_resolutions(ib::Time now) {
+  for (size_t i = 0; i < g_resolutions.size();) {
+    Resolution& r = g_resolutions[i];
+    if (r.next_poll > now) {
+      ++i;
+      continue;
+    }
+    bool valid = neighbour_state(r.hop) == NeighbourState::kValid;
+    if (!valid && now < r.deadline) {
+      ib::Time step = ib::Time(1000000) << std::min(r.polls++, 5);
+      r.next_poll = std::min(now + step, r.deadline);
+      ++i;
+      continue;
+    }
+    Id* id = r.id;
+    sockaddr_storage source = r.source;
+    g_resolutions.erase(g_resolutions.begin() + std::ptrdiff_t(i));
+    if (valid) {
+      addr_resolved(id, source);
+    } else {
+      id->state = IdState::Bound;  // as the kernel's: bound again, may resolve again
+      queue_event(id, RDMA_CM_EVENT_ADDR_ERROR, -ETIMEDOUT);
+    }
+  }
+}
+
+ib::Time next_resolution_poll() {
+  ib::Time t = ib::kNever;
+  for (const Resolution& r : g_resolutions) t = std::min(t, r.next_poll);
+  return t;
+}
+
+void forget_resolution(Id* id) {
+  std::erase_if(g_resolutions, [id](const Resolution& r) { return r.id == id; });
+}
+
+}  // namespace
+
+int remote_resolve_addr_locked(Id* id, const sockaddr_storage& source, int timeout_ms) {
+  const sockaddr* dst = &id->id.route.addr.dst_addr;
+  Resolution r{id, {}, source, 0, 0};
+  if (int err = route_next_hop(dst, &r.hop)) return err == ENETUNREACH ? ENETUNREACH : EHOSTUNREACH;
+  if (neighbour_state(r.hop) == NeighbourState::kValid) {
+    addr_resolved(id, source);
+    return 0;
+  }
+  provoke_neighbour(dst);
+  ib::Time now = now_ns();
+  r.deadline = now + ib::Time(std::max(timeout_ms, 0)) * 1000000;
+  r.next_poll = std::min(now + 1000000, r.deadline);
+  forget_resolution(id);
+  g_resolutions.push_back(r);
+  id->state = IdState::AddrQuery;
+  kick_service();
+  return 0;
+}
+
 // ---- the agent
 
 int remote_start_locked() {
@@ -566,17 +670,26 @@ int remote_start_locked() {
   return 0;
 }
 
+namespace {
+uint32_t my_slot_of_agent() { return g_agent->qp->qp_num >> 14; }
+// Our established connections, published for the host's CM should we die (orphans.hpp).
+void publish_established() {
+  if (g_agent) orphans_publish_locked(*g_agent->cm, my_slot_of_agent());
+}
+}  // namespace
+
 int remote_fd_locked() { return g_agent ? g_agent->channel->fd : -1; }
 
 int remote_timeout_ms_locked() {
-  if (!g_agent) return -1;
-  ib::Time t = g_agent->cm->next_deadline();
+  ib::Time t = next_resolution_poll();
+  if (g_agent) t = std::min({t, g_agent->cm->next_deadline(), orphans_next_scan_locked()});
   if (t == ib::kNever) return -1;
   ib::Time left = t - now_ns();
   return left <= 0 ? 0 : int(std::min<ib::Time>(left / 1000000 + 1, 60000));
 }
 
 void remote_service_locked() {
+  if (!g_resolutions.empty()) poll_resolutions(now_ns());
   if (!g_agent) return;
   ibv_cq* cq;
   void* ctx;
@@ -584,6 +697,8 @@ void remote_service_locked() {
   ibv_req_notify_cq(g_agent->cq, 0);
   g_agent->drain_sends();  // every completion: receives go to the CM
   g_agent->cm->on_time(now_ns());
+  orphans_scan_locked(*g_agent->cm, my_slot_of_agent(), now_ns());
+  publish_established();
 }
 
 // ---- the ids' calls
@@ -684,7 +799,9 @@ int remote_reject_locked(Id* id, const void* data, uint8_t len, int reason) {
 
 int remote_rtu_locked(Id* id) {
   if (!g_agent || !id->conn) return ECONNRESET;
-  return g_agent->cm->send_rtu(id->conn, now_ns());
+  int err = g_agent->cm->send_rtu(id->conn, now_ns());
+  kick_service();  // the service publishes the new connection
+  return err;
 }
 
 void remote_reject_rep_locked(Id* id) {
@@ -696,14 +813,32 @@ void remote_reject_rep_locked(Id* id) {
 int remote_disconnect_locked(Id* id) {
   if (!g_agent || !id->conn) return 0;
   int err = g_agent->cm->disconnect(id->conn, now_ns());
+  publish_established();
   kick_service();
   return err == EINVAL ? 0 : err;
 }
 
+int remote_notify_locked(Id* id, ibv_event_type event) {
+  if (!g_agent || !id->conn) return EINVAL;  // no IB CM connection (cma.c: no cm_id.ib)
+  switch (event) {
+    case IBV_EVENT_COMM_EST: {
+      int err = g_agent->cm->establish(id->conn, now_ns());
+      kick_service();  // the service publishes the new connection
+      return err;
+    }
+    case IBV_EVENT_PATH_MIG:
+      return g_agent->cm->state(id->conn) == ib::State::Established ? 0 : EINVAL;
+    default:
+      return EINVAL;
+  }
+}
+
 void remote_destroy_locked(Id* id) {
+  forget_resolution(id);
   if (!g_agent || !id->conn) return;
   g_agent->cm->destroy(id->conn, now_ns());
   id->conn = 0;
+  publish_established();  // now: the process may exit before the service runs again
   kick_service();
 }
 

@@ -433,6 +433,11 @@ int cm_slot_listening(const uint8_t* mad, uint32_t len) {
   return pid > 0 ? wire::slot_of_pid_with(pid, wire::kSlotHasGsi) : -1;
 }
 
+bool is_drep(const uint8_t* mad, uint32_t len) {
+  return len == rw::kMadBytes && mad[1] == rw::kMgmtClassCm &&
+         (uint16_t(mad[16]) << 8 | mad[17]) == uint16_t(rw::CmAttr::kDrep);
+}
+
 bool slot_alive(int slot) {
   pid_t pid = wire::slot_owner(slot);
   return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
@@ -488,11 +493,25 @@ void on_datagram(const rw::Datagram& d) {
     int named = cm_slot_named(pkt.payload, pkt.payload_len);
     dest = g_gsi_qpn.load(std::memory_order_acquire);
     if (named > 0 && named != mine) {
-      if (d.forwarded) return;
-      if (!port().pass_to(d, named) && !slot_alive(named)) answer_for_host(d, pkt);
-      return;
-    }
-    if (!d.forwarded) {
+      // The named process may be gone. A DREP then answers a DREQ the host's CM process
+      // (the lowest slot with an agent) sent for it (its connections, cm/orphans.hpp): it
+      // goes to that one; anything else is answered here.
+      bool drep = is_drep(pkt.payload, pkt.payload_len);
+      if (d.forwarded) {
+        if (!drep || !dest || slot_alive(named)) return;
+      } else {
+        if (port().pass_to(d, named) || slot_alive(named)) return;
+        if (!drep) {
+          answer_for_host(d, pkt);
+          return;
+        }
+        int host_cm = wire::lowest_slot_with(wire::kSlotHasGsi, -1);
+        if (host_cm != mine || !dest) {
+          if (host_cm > 0) port().pass_to(d, host_cm);
+          return;
+        }
+      }
+    } else if (!d.forwarded) {
       int listener = cm_slot_listening(pkt.payload, pkt.payload_len);
       if (listener > 0 && listener != mine && port().pass_to(d, listener)) return;
     }

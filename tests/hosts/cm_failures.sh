@@ -17,8 +17,19 @@
 #   peer-killed  the server on B is SIGKILLed once connected; the client on A keeps sending:
 #                its sends fail after the QP's retries, then rdma_disconnect ends in
 #                DISCONNECTED (DREP from B's other CM process for the dead one's comm ID)
+#   killed-silent the server on B is SIGKILLed once connected while another CM process runs
+#                on B; the client on A never sends, yet gets DISCONNECTED: B's other CM
+#                process finds the dead one's published connections and sends the DREQ its
+#                kernel would have
 #   garbage      garbage.py --cm (fixed seed) sends malformed and stray MADs to B's QP1 while
 #                rping connects and runs: nothing breaks
+#   resolve      rdma_resolve_addr from A as the kernel's ib_addr: B resolves (ARP) at once;
+#                an address on the veth's subnet nobody owns gives ADDR_ERROR -ETIMEDOUT
+#                after the caller's timeout_ms; an address with no route makes
+#                rdma_resolve_addr itself fail with ENETUNREACH
+#   notify       every RTU from A dropped: the server on B, in REP_SENT, sees the client's
+#                first SEND arrive and calls rdma_notify(COMM_EST): 0, ESTABLISHED, and
+#                EISCONN when called again
 # shellcheck disable=SC2016 # check() evaluates its condition strings later
 source "$(dirname "$0")/../interop/lib.sh"
 source "$(dirname "$0")/../interop/pair.sh"
@@ -93,6 +104,8 @@ descendant() {
   done
   return 1
 }
+# errno_of NAME: the number of errno NAME on this system.
+errno_of() { python3 -c "import errno; print(errno.$1)"; }
 pings() { grep -cE "^${2-}ping data: rdma-ping-[0-9]+: " "$tmp/$1"; }
 
 count=5
@@ -200,6 +213,30 @@ case $case_name in
       "((${ms:-99999} * 1000 < fast_interval_us))"
     kill "$pid_other" 2>/dev/null
     ;;
+  killed-silent)
+    # The other CM process first: it holds B's lowest slot with an agent (the host's CM).
+    start other B 30 rping -s -a "$b" -p $((port + 2)) -C 1
+    wait_cm B $((port + 2)) || exit 1
+    start srv B 30 "$cm_peer" server "$b" "$port" accept
+    wait_cm B "$port" || exit 1
+    start cli A 20 "$cm_peer" client "$b" "$port" wait
+    wait_line cli '^established' 10
+    victim=$(descendant "$pid_srv" cm_peer)
+    check "found the server's process" "[[ -n '$victim' ]]"
+    published=$HOST_B_STATE/cm-established-$victim
+    for ((i = 0; i < 100; i++)); do [[ -e $published ]] && break; sleep 0.02; done
+    check "the server published its connection ($published)" "[[ -e '$published' ]]"
+    t0=$(now_ms)
+    kill -KILL "$victim"
+    wait_line cli '^disconnected while waiting' 10
+    ms=$(($(now_ms) - t0))
+    finish_side cli
+    check "the client, which never sends, got DISCONNECTED (${ms} ms after the kill)" \
+      "grep -q '^disconnected while waiting' $tmp/cli && ((rc_cli == 0))"
+    check "within the host CM's scan (1 s) and a DREQ's round trip" "((ms < 3000))"
+    check "the dead server's file was taken" "[[ ! -e '$published' ]]"
+    kill "$pid_other" 2>/dev/null
+    ;;
   garbage)
     start srv B 30 rping -s -a "$b" -p "$port" -v -C 50
     wait_cm B "$port" || exit 1
@@ -216,6 +253,41 @@ case $case_name in
     finish_side srv
     check "both exited 0" "((rc_cli == 0 && rc_srv == 0))"
     check "the client got its 50 pings back" "(($(pings cli) == 50))"
+    ;;
+  resolve)
+    start ok A 10 "$cm_peer" resolve "$b" 2000
+    finish_side ok
+    ms=$(sed -nE 's/^addr_resolved after ([0-9]+) ms$/\1/p' "$tmp/ok")
+    check "B's address resolves, not after the timeout (${ms:-never} ms)" "((${ms:-99999} < 1000))"
+    # .77 is on the veth's subnet, and nobody answers its ARP requests.
+    start nobody A 10 "$cm_peer" resolve "$HOSTS_NET4.77" 1500
+    finish_side nobody
+    ms=$(sed -nE 's/^addr_error status -110 after ([0-9]+) ms$/\1/p' "$tmp/nobody")
+    check "an address nobody owns: ADDR_ERROR -ETIMEDOUT (-110) after the 1500 ms asked (${ms:-never} ms)" \
+      "((${ms:-0} >= 1500 && ${ms:-0} < 4000))"
+    in_host A ip neigh show "$HOSTS_NET4.77" | sed 's/^/A neighbour: /'
+    # TEST-NET-3: the namespaces have no default route.
+    start noroute A 10 "$cm_peer" resolve 203.0.113.1 2000
+    finish_side noroute
+    check "no route: rdma_resolve_addr fails with ENETUNREACH ($(grep -c . "$tmp/noroute") line)" \
+      "grep -qx 'resolve_addr failed errno $(errno_of ENETUNREACH)' $tmp/noroute"
+    ;;
+  notify)
+    rtu=(udp dport 4791 @th,104,24 1 @th,352,16 0x14)
+    drop A 100 "${rtu[@]}"
+    start srv B 20 "$cm_peer" server "$b" "$port" notify
+    wait_cm B "$port" || exit 1
+    start cli A 20 "$cm_peer" client "$b" "$port" send
+    wait_line srv '^established' 10
+    wait_line cli '^20 sends done' 10
+    kill "$pid_cli" "$pid_srv" 2>/dev/null
+    finish_side cli
+    finish_side srv
+    check "the client got ESTABLISHED (its RTU is dropped)" "grep -q '^established' $tmp/cli"
+    check "the server's rdma_notify(COMM_EST) returned 0" "grep -qx 'notify returned 0' $tmp/srv"
+    check "then ESTABLISHED on the server, once" "(($(grep -c '^established' "$tmp/srv") == 1))"
+    check "a second rdma_notify: EISCONN" "grep -qx 'notify again returned -$(errno_of EISCONN)' $tmp/srv"
+    check "the client's sends went on" "grep -q '^20 sends done' $tmp/cli"
     ;;
   *)
     echo "unknown case $case_name"

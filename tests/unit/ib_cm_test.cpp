@@ -341,6 +341,63 @@ TEST_F(IbCm, LostRtuIsRecoveredByTheRepResend) {
   EXPECT_EQ(b.events.back(), "ESTABLISHED");
 }
 
+TEST_F(IbCm, CommEstAfterALostRtuEstablishesAndTheLateRtuIsIgnored) {
+  uint32_t ac = a.cm.connect(&a.token, a_to_b, req(), now);
+  pump();
+  uint32_t pc = b.last_conn;
+  EXPECT_EQ(b.cm.establish(pc, now), EINVAL);  // REQ_RCVD: no REP sent yet
+  ASSERT_EQ(b.cm.accept(pc, rep(), now), 0);
+  pump();
+  ASSERT_EQ(a.cm.send_rtu(ac, now), 0);
+  Wire::Mad rtu = wire.queue.front();
+  wire.queue.clear();  // the RTU is lost; the first SEND reaches b's QP (COMM_EST)
+  b.events.clear();
+  ASSERT_EQ(b.cm.establish(pc, now), 0);
+  EXPECT_EQ(b.cm.state(pc), State::Established);
+  EXPECT_EQ(b.events, std::vector<std::string>{"ESTABLISHED"});
+  EXPECT_EQ(b.cm.next_deadline(), kNever);  // the REP is not resent any more
+  EXPECT_EQ(b.cm.establish(pc, now), EISCONN);
+  wire.queue.push_back(rtu);  // the RTU comes after all: nothing more happens
+  pump();
+  EXPECT_EQ(b.events, std::vector<std::string>{"ESTABLISHED"});
+  advance(req_timeout);
+  EXPECT_TRUE(wire.queue.empty());
+  EXPECT_EQ(a.cm.establish(ac, now), EISCONN);  // the active side is established by its RTU
+  EXPECT_EQ(b.cm.disconnect(pc, now), 0);  // and the connection ends as any other
+  pump();
+  EXPECT_EQ(a.events.back(), "DISCONNECT");
+}
+
+TEST_F(IbCm, ADeadProcesssConnectionIsDisconnectedByAnotherCm) {
+  auto [ac, pc] = establish();
+  auto published = b.cm.established();
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].local_id, pc);
+  EXPECT_EQ(published[0].remote_id, ac);
+  EXPECT_EQ(published[0].remote_qpn, 0x400011u);  // a's QPN, from its REQ
+  // b's process dies; another CM of b's host (prefix 3) takes over what b published.
+  Side heir{wire, gid(2), 3u << 22};
+  a.events.clear();
+  ASSERT_TRUE(heir.cm.disconnect_orphan(published[0], now));
+  EXPECT_FALSE(heir.cm.disconnect_orphan(published[0], now));  // once
+  wr::CmMad d = wire.queue.front().decoded();
+  auto& dreq = std::get<wr::CmDreq>(d.body);
+  EXPECT_EQ(dreq.local_comm_id, pc);  // the dead process's IDs: a knows no other
+  EXPECT_EQ(dreq.remote_comm_id, ac);
+  EXPECT_EQ(dreq.remote_qpn, 0x400011u);
+  // a answers; its DREP names pc, which the host passes to the heir (engine/roce.cpp).
+  while (!wire.queue.empty()) {
+    Wire::Mad m = wire.queue.front();
+    wire.queue.pop_front();
+    Side& to = m.to.peer == a.self ? a : heir;
+    to.cm.on_mad(Endpoint{to.self, m.to.peer == a.self ? gid(2) : a.self}, m.bytes, sizeof m.bytes, now);
+  }
+  EXPECT_EQ(a.events, std::vector<std::string>{"DISCONNECT"});
+  EXPECT_EQ(heir.cm.state(pc), State::TimeWait);  // the DREP came: no DREQ resent
+  EXPECT_TRUE(heir.events.empty());  // nobody to tell
+  EXPECT_TRUE(heir.cm.established().empty());
+}
+
 TEST_F(IbCm, RepNeverAnsweredTimesOutWithRejTimeout) {
   a.cm.connect(&a.token, a_to_b, req(), now);
   pump();
