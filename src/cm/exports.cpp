@@ -190,6 +190,10 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
     bool remote = dst_index == -1 && !is_multicast_addr(dst);
     sockaddr_storage source{};
     int route_err = remote ? resolve_remote_locked(id, dst, &source) : 0;
+    // A multicast group: bound to the source the kernel's routing table picks for it, as
+    // rdma_cm does (decision 0008); without a route to it, this host alone.
+    const bool mcast_routed = is_multicast_addr(dst) && !src && id->state == IdState::Idle &&
+                              resolve_remote_locked(id, dst, &source) == 0;
     if (id->state == IdState::Idle) {
       // Bind first: to the given source, else to the destination's own address when the
       // destination is this host (it is the address a kernel would pick), else to the
@@ -197,7 +201,7 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       sockaddr_storage from{};
       if (src && (src->sa_family == AF_INET || src->sa_family == AF_INET6)) {
         std::memcpy(&from, src, addr_len(src));
-      } else if (remote && !route_err) {
+      } else if ((remote && !route_err) || mcast_routed) {
         from = source;
       } else {
         std::memcpy(&from, dst, addr_len(dst));

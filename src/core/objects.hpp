@@ -186,6 +186,7 @@ struct SendWqe {
   // UD addressing, copied from the AH at post time.
   ibv_gid sgid{};
   ibv_gid dgid{};
+  uint8_t hop_limit = 0;  // the AH's; a multicast datagram's IP TTL / hop limit
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
   uint64_t total_length = 0;

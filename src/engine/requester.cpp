@@ -112,6 +112,13 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
     w.retry_left = qp->send_path.retry_cnt;
   }
   w.started = true;
+  // To a multicast group: this host's members first, then, unless that failed, the other
+  // hosts' on the wire (roce_post completes it then), decision 0008.
+  if (qp->type == IBV_QPT_UD && wire::route(w.dgid, w.remote_qpn) == wire::Route::Multicast) {
+    Outcome here = execute(qp, w);
+    if (here.kind == Outcome::Ack && roce_post(qp, w)) return true;
+    return complete(qp, w, here, st);
+  }
   // To another host: the WQE goes out as RoCE v2 packets and completes through the link.
   if (roce_post(qp, w)) return true;
   return complete(qp, w, execute(qp, w), st);

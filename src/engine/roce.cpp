@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <atomic>
 #include <chrono>
@@ -21,9 +22,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <utility>
 #include <vector>
@@ -76,6 +79,13 @@ ibv_mtu interface_mtu(int ifindex, bool ipv6) {
   for (int m = IBV_MTU_4096; m > IBV_MTU_256; --m)
     if ((128 << m) + overhead <= mtu) return static_cast<ibv_mtu>(m);
   return IBV_MTU_256;
+}
+
+// The interface of one of this host's GIDs (0 when it is not in the table).
+int gid_ifindex(const ibv_gid& gid) {
+  for (const GidEntry& e : Device::instance().gids())
+    if (std::memcmp(e.gid.raw, gid.raw, 16) == 0) return e.ifindex;
+  return 0;
 }
 
 bool is_ipv4_mapped(const ibv_gid& g) {
@@ -209,7 +219,11 @@ struct RoceLink final : packet::Env {
   std::optional<ibv_event_type> error_event;  // raised by sync_error, once the QP is in ERR
   bool sqd_notify = false;  // SQD entered with en_sqd_async_notify
   // UD: the address of each WQE handed over and not yet sent, in order (one packet each).
-  std::deque<std::pair<ibv_gid, ibv_gid>> ud_dest;
+  struct UdDest {
+    ibv_gid sgid, dgid;
+    uint8_t hop_limit;
+  };
+  std::deque<UdDest> ud_dest;
   // Inline data outlives ibv_post_send here: a slot per WQE that can be in flight, plus one.
   std::vector<std::vector<uint8_t>> inline_ring;
   uint64_t posted = 0;
@@ -217,9 +231,12 @@ struct RoceLink final : packet::Env {
   // ---- packet::Env -----------------------------------------------------------------------
   void send_packet(const rw::Packet& pkt, std::span<const packet::Iov> payload) override {
     ibv_gid s = sgid, d = dgid;
+    uint8_t hop_limit = 0;
     if (qp->type == IBV_QPT_UD) {
       if (ud_dest.empty()) return;
-      std::tie(s, d) = ud_dest.front();
+      s = ud_dest.front().sgid;
+      d = ud_dest.front().dgid;
+      hop_limit = ud_dest.front().hop_limit;
       ud_dest.pop_front();
     }
     OutBatch& batch = out_batch();
@@ -236,10 +253,11 @@ struct RoceLink final : packet::Env {
     uint32_t flow = qp->qpn();  // one source socket per QP keeps its packets in order
     rw::IpAddress src = rw::IpAddress::from_gid(s.raw);
     rw::IpAddress dst = rw::IpAddress::from_gid(d.raw);
+    const bool multicast = dst.is_multicast();  // UD to a group: never in a GSO send
     // Joins the last group when it goes the same way and this packet is no longer than its
     // packets; else it starts a group of its own.
     size_t g = batch.n;
-    if (gso_enabled() && batch.n > 0) {
+    if (gso_enabled() && batch.n > 0 && !multicast) {
       size_t last = batch.n - 1;
       const rw::OutDatagram& o = batch.out[last];
       uint32_t seg = batch.segments[last] == 1 ? static_cast<uint32_t>(o.size) : o.segment;
@@ -287,6 +305,12 @@ struct RoceLink final : packet::Env {
       batch.out[g] = {dst, flow, buf, off, &batch.src[g]};
       batch.out[g].iov = iov - iovs;
       batch.out[g].iovcnt = iovs;
+      if (multicast) {
+        // Out of the interface of the AH's source GID, with its hop limit (at least 1:
+        // TTL 0 would not leave the host), as a RoCE v2 NIC puts GRH.HopLmt in the TTL.
+        batch.out[g].ifindex = gid_ifindex(s);
+        batch.out[g].hop_limit = hop_limit ? hop_limit : 1;
+      }
       batch.segments[g] = 1;
       batch.closed[g] = false;
       ++batch.n;
@@ -411,6 +435,39 @@ struct RoceLink final : packet::Env {
 
 namespace {
 
+// Multicast groups this process's QPs are attached to (roce_attach_mcast): by group
+// address, each attachment with what it holds of the port.
+struct McastAttachment {
+  uint32_t qpn;
+  bool port_held;
+  std::vector<int> ifindexes;  // the interfaces it joined the group on
+};
+using McastGroups = std::map<rw::IpAddress, std::vector<McastAttachment>>;
+std::mutex g_mcast_mu;
+McastGroups* g_mcast = new McastGroups;  // immortal: the port's thread reads it until exit
+
+// The QPs of this process attached to `group` now.
+std::vector<uint32_t> mcast_members_here(const rw::IpAddress& group) {
+  std::vector<uint32_t> qpns;
+  std::lock_guard<std::mutex> lock(g_mcast_mu);
+  auto it = g_mcast->find(group);
+  if (it != g_mcast->end())
+    for (const McastAttachment& a : it->second) qpns.push_back(a.qpn);
+  return qpns;
+}
+
+// The interfaces a group is joined on: every one with a GID of the group's family, but
+// loopback (this host's members get their copies through shared memory).
+std::vector<int> group_interfaces(const rw::IpAddress& group) {
+  std::vector<int> ifs;
+  for (const GidEntry& e : Device::instance().gids()) {
+    rw::IpAddress a = rw::IpAddress::from_gid(e.gid.raw);
+    if (e.ifindex <= 0 || a.is_loopback() || a.is_v4() != group.is_v4()) continue;
+    if (std::find(ifs.begin(), ifs.end(), e.ifindex) == ifs.end()) ifs.push_back(e.ifindex);
+  }
+  return ifs;
+}
+
 // Builds the 40-byte GRH image a UD receive starts with, as a RoCE v2 NIC does.
 void ud_grh(const rw::Datagram& d, uint32_t payload, uint8_t out[40]) {
   build_grh(out, gid_of(d.src), gid_of(d.dst), payload);
@@ -465,6 +522,8 @@ void answer_for_host(const rw::Datagram& d, const rw::Packet& pkt) {
 // The QPN of this process's QP1 agent (roce_claim_gsi), 0 when there is none.
 std::atomic<uint32_t> g_gsi_qpn{0};
 
+void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt);
+
 void on_datagram(const rw::Datagram& d) {
   rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.src.bytes.data(), d.dst.bytes.data(),
                                                    d.src_port, roce_udp_port());
@@ -481,6 +540,14 @@ void on_datagram(const rw::Datagram& d) {
   }
   if (!decoded || !icrc.ok()) return;  // malformed or damaged: never executed
   uint32_t dest = pkt.dest_qp;
+  if (dest == packet::kMulticastQpn) {
+    // To a group (decision 0008): the kernel gave this process its own copy because its
+    // socket joined the group; each of its QPs attached to it gets one. Never forwarded:
+    // every other process that has members got its own copy too.
+    if (!d.dst.is_multicast()) return;
+    for (uint32_t qpn : mcast_members_here(d.dst)) packet_to_qp(qpn, d, pkt);
+    return;
+  }
   if (dest == rw::kGsiQpn) {
     // A MAD for the host's CM (decision 0007): an answer names the process it is for (its
     // comm or request ID carries the slot); a request goes to our agent, or, without one,
@@ -522,7 +589,12 @@ void on_datagram(const rw::Datagram& d) {
       return;
     }
   }
-  wire::QpRef qp = wire::find_local(dest);
+  packet_to_qp(dest, d, pkt);
+}
+
+// Hands a checked packet to the link of this process's QP `qpn`, if it has one.
+void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
+  wire::QpRef qp = wire::find_local(qpn);
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link) return;
@@ -616,8 +688,11 @@ bool roce_post(Qp* qp, SendWqe& w) {
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link) return false;
   bool ud = qp->type == IBV_QPT_UD;
-  if (ud ? wire::route(w.dgid, w.remote_qpn) != wire::Route::Roce
-         : qp->send_path.route != wire::Route::Roce)
+  const wire::Route route = ud ? wire::route(w.dgid, w.remote_qpn) : qp->send_path.route;
+  // To a group: also on the wire (the caller gave this host's members their copies), unless
+  // it leaves from a loopback GID, which reaches only this host.
+  const bool multicast = ud && route == wire::Route::Multicast;
+  if (multicast ? rw::IpAddress::from_gid(w.sgid.raw).is_loopback() : route != wire::Route::Roce)
     return false;
   int st = qp->state.load();
   packet::SendWqe p;
@@ -629,7 +704,7 @@ bool roce_post(Qp* qp, SendWqe& w) {
   p.rkey = w.rkey;
   p.compare_add = w.compare_add;
   p.swap = w.swap;
-  p.remote_qpn = w.remote_qpn;
+  p.remote_qpn = multicast ? packet::kMulticastQpn : w.remote_qpn;
   p.remote_qkey = w.remote_qkey;
   if (w.total_length > kMaxMsgSize)
     return complete(qp, w, {Outcome::Error, fault_rule(Fault::LocalLength).requester_status}, st);
@@ -656,7 +731,7 @@ bool roce_post(Qp* qp, SendWqe& w) {
   {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<std::mutex> lock(link->mu);
-    if (ud) link->ud_dest.emplace_back(w.sgid, w.dgid);
+    if (ud) link->ud_dest.push_back({w.sgid, w.dgid, w.hop_limit});
     err = link->pq.post_send(std::move(p));
     if (err && ud) link->ud_dest.pop_back();
     link->sync_error();
@@ -699,6 +774,59 @@ void roce_release_gsi(Qp* qp) {
   if (!qp->source_qpn) return;
   uint32_t mine = qp->qpn();
   if (g_gsi_qpn.compare_exchange_strong(mine, 0)) wire::set_my_slot_flag(wire::kSlotHasGsi, false);
+}
+
+int roce_attach_mcast(Qp* qp, const ibv_gid& gid) {
+  const rw::IpAddress group = rw::IpAddress::from_gid(gid.raw);
+  if (!group.is_multicast()) return EINVAL;
+  McastAttachment a{qp->qpn(), false, {}};
+  // A unit test's fake transport on the roce route: no wire.
+  const std::vector<int> ifs =
+      wire::transport(wire::Route::Roce) ? std::vector<int>{} : group_interfaces(group);
+  if (!ifs.empty()) {
+    int err = port().acquire();
+    a.port_held = err == 0;
+    if (err) {
+      static std::once_flag told;
+      std::call_once(told, [err] {
+        std::fprintf(stderr, "softverbs: RoCE v2 port %u unavailable (%s): multicast on this host only\n",
+                     roce_udp_port(), std::strerror(-err));
+      });
+    }
+  }
+  if (a.port_held) {
+    for (int ifindex : ifs) {
+      if (int err = port().join_group(group, ifindex)) {
+        for (int joined : a.ifindexes) port().leave_group(group, joined);
+        port().release();
+        return err == -ENOBUFS ? ENOMEM : -err;
+      }
+      a.ifindexes.push_back(ifindex);
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_mcast_mu);
+  (*g_mcast)[group].push_back(std::move(a));
+  return 0;
+}
+
+void roce_detach_mcast(Qp* qp, const ibv_gid& gid) {
+  const rw::IpAddress group = rw::IpAddress::from_gid(gid.raw);
+  std::optional<McastAttachment> gone;
+  {
+    std::lock_guard<std::mutex> lock(g_mcast_mu);
+    auto it = g_mcast->find(group);
+    if (it == g_mcast->end()) return;
+    auto& v = it->second;
+    auto at = std::find_if(v.begin(), v.end(),
+                           [&](const McastAttachment& a) { return a.qpn == qp->qpn(); });
+    if (at == v.end()) return;
+    gone = std::move(*at);
+    v.erase(at);
+    if (v.empty()) g_mcast->erase(it);
+  }
+  // Outside g_mcast_mu: release() waits for the port's thread, which takes it.
+  for (int ifindex : gone->ifindexes) port().leave_group(group, ifindex);
+  if (gone->port_held) port().release();
 }
 
 void roce_destroy(Qp* qp) {

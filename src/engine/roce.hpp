@@ -41,6 +41,14 @@ void roce_poll_stop();
 // datagrams to the host's lowest-slot process that has one (wire::lowest_slot_with).
 bool roce_claim_gsi(Qp* qp);
 void roce_release_gsi(Qp* qp);
+// ibv_attach_mcast / ibv_detach_mcast of a UD QP (decision 0008), after the same-host
+// membership (wire/shm/mcast.hpp) is recorded: the port joins the group's IP address on
+// every interface with a GID of its family (loopback aside), once per process however many
+// of its QPs attach (Port::join_group); datagrams to the group are then handed to each of
+// this process's attached QPs. 0 or an errno value (ENOMEM: the kernel refused the join).
+// Without the port (another user holds 4791) the group still works on this host.
+int roce_attach_mcast(Qp* qp, const ibv_gid& gid);
+void roce_detach_mcast(Qp* qp, const ibv_gid& gid);
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more).
 void roce_destroy(Qp* qp);
 

@@ -192,6 +192,7 @@ int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w) {
     const auto& gids = Device::instance().gids();
     w->sgid = gids[ah->attr.grh.sgid_index].gid;
     w->dgid = ah->attr.grh.dgid;
+    w->hop_limit = ah->attr.grh.hop_limit;
     w->remote_qpn = wr->wr.ud.remote_qpn;
     w->remote_qkey = wr->wr.ud.remote_qkey;
   }
@@ -396,6 +397,11 @@ int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
     if (std::memcmp(g.raw, gid->raw, 16) == 0) return 0;  // already a member
   if (qp->mcast_groups.size() >= static_cast<size_t>(Limits::max_mcast_grp)) return ENOMEM;
   if (int err = wire::mcast_attach(*gid, qp->qpn())) return err;
+  // Other hosts' members: the group's IP address joined on the wire.
+  if (int err = engine::roce_attach_mcast(qp, *gid)) {
+    wire::mcast_detach(*gid, qp->qpn());
+    return err;
+  }
   qp->mcast_groups.push_back(*gid);
   return 0;
 }
@@ -408,6 +414,7 @@ int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (std::memcmp(it->raw, gid->raw, 16) != 0) continue;
     v.erase(it);
+    engine::roce_detach_mcast(qp, *gid);
     return wire::mcast_detach(*gid, qp->qpn());
   }
   return EINVAL;
@@ -419,7 +426,10 @@ int destroy_qp(Qp* qp) {
   {
     // A destroyed QP leaves its groups, as the kernel detaches it.
     std::lock_guard<std::mutex> lock(qp->attr_mu);
-    for (const ibv_gid& g : qp->mcast_groups) wire::mcast_detach(g, qp->qpn());
+    for (const ibv_gid& g : qp->mcast_groups) {
+      engine::roce_detach_mcast(qp, g);
+      wire::mcast_detach(g, qp->qpn());
+    }
     qp->mcast_groups.clear();
   }
   {

@@ -137,6 +137,10 @@ hosts_up() {
       ip -n "$ns" addr add "$(host_var $x IP4)/24" dev "$HOSTS_IF" || return 1
       ip -n "$ns" addr add "$(host_var $x IP6)/64" dev "$HOSTS_IF" nodad || return 1
       ip -n "$ns" link set "$HOSTS_IF" up || return 1
+      # IPv4 multicast goes out of the veth (as on a host whose default route is its LAN):
+      # rdma_cm picks a multicast group's source address from the route (mckey without -b).
+      # IPv6 has its ff00::/8 route per interface already.
+      ip -n "$ns" route add 224.0.0.0/4 dev "$HOSTS_IF" || return 1
       mkdir -p "$(host_var $x STATE)" && chmod 0700 "$(host_var $x STATE)" || return 1
     done
     hosts_wait_carrier || return 1

@@ -183,7 +183,8 @@ bool PacketQp::is_response(uint8_t op) const {
 
 void PacketQp::on_packet(const Packet& pkt, const uint8_t* grh) {
   if ((pkt.opcode & 0xe0) != transport_bits()) return;  // another transport: drop
-  if (pkt.dest_qp != qp_num_) return;
+  // A multicast datagram names no QP: the caller hands it to each one attached to its group.
+  if (pkt.dest_qp != qp_num_ && !(type_ == QpType::kUd && pkt.dest_qp == kMulticastQpn)) return;
   uint8_t op = pkt.opcode & 0x1f;
   if (is_response(op)) {
     if (type_ == QpType::kRc) on_response(pkt);

@@ -25,6 +25,8 @@ using wire::roce::Packet;
 
 // 24-bit PSN arithmetic: psn_diff is the signed distance a - b within half the PSN space.
 inline constexpr uint32_t kPsnMask = 0xffffff;
+// BTH DestQP of a multicast packet (IBA 10.5.2.1): every UD QP attached to the group.
+inline constexpr uint32_t kMulticastQpn = 0xffffff;
 inline uint32_t psn_add(uint32_t psn, uint32_t n) { return (psn + n) & kPsnMask; }
 inline int32_t psn_diff(uint32_t a, uint32_t b) {
   return static_cast<int32_t>((a - b) << 8) >> 8;

@@ -81,11 +81,11 @@ sockaddr_un unix_sockaddr(const std::string& abstract_name, socklen_t& len) {
 
 }  // namespace detail
 
-namespace {
-
-int setopt(int fd, int level, int name, int value) {
+int detail::setopt(int fd, int level, int name, int value) {
   return setsockopt(fd, level, name, &value, sizeof value);
 }
+
+namespace {
 
 // The local address, interface and TOS from a received datagram's control messages; returns
 // the size of its segments when the kernel coalesced several (UDP_GRO), else 0.
@@ -156,6 +156,10 @@ bool IpAddress::is_loopback() const {
   return std::memcmp(bytes.data(), kLoop6, 16) == 0;
 }
 
+bool IpAddress::is_multicast() const {
+  return is_v4() ? (bytes[12] & 0xf0) == 0xe0 : bytes[0] == 0xff;
+}
+
 std::string IpAddress::to_string() const {
   char text[INET6_ADDRSTRLEN] = {};
   if (is_v4()) inet_ntop(AF_INET, &bytes[12], text, sizeof text);
@@ -223,6 +227,7 @@ Port::~Port() {
 }
 
 void Port::close_fds() {
+  close_multicast_fds();
   for (int* fd : {&fd_group_, &fd_forward_, &fd_lock_, &fd_epoll_, &fd_timer_, &fd_wake_})
     if (*fd >= 0) ::close(std::exchange(*fd, -1));
   for (int& fd : fd_senders_)
@@ -260,12 +265,16 @@ int Port::acquire() {
   setopt(fd_group_, SOL_SOCKET, SO_RCVBUF, 4 << 20);  // capped by rmem_max; best effort
   setopt(fd_group_, IPPROTO_IP, IP_PKTINFO, 1);
   setopt(fd_group_, IPPROTO_IP, IP_RECVTOS, 1);
+  // Multicast only for the groups this socket joined (join_group): with the default (1)
+  // every socket on 4791 would get a copy of every group anyone on the host joined.
+  setopt(fd_group_, IPPROTO_IP, IP_MULTICAST_ALL, 0);
   // Best effort: without it (old kernels) the kernel cuts a GSO send into its datagrams.
   if (gro_enabled()) setopt(fd_group_, SOL_UDP, UDP_GRO, 1);
   if (ipv6_) {
     if (setopt(fd_group_, IPPROTO_IPV6, IPV6_V6ONLY, 0) != 0) return fail(errno);
     setopt(fd_group_, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
     setopt(fd_group_, IPPROTO_IPV6, IPV6_RECVTCLASS, 1);
+    setopt(fd_group_, IPPROTO_IPV6, IPV6_MULTICAST_ALL, 0);  // Linux 4.20+; best effort
   }
   sockaddr_storage any;
   const socklen_t any_len =
@@ -281,6 +290,10 @@ int Port::acquire() {
     if (setopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) != 0) return fail(errno);
     if (ipv6_ && setopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO) != 0)
       return fail(errno);
+    // Our multicast never comes back to this host: its members here get their copies
+    // through shared memory (decision 0008).
+    setopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, 0);
+    if (ipv6_) setopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, 0);
     sockaddr_storage local;
     socklen_t len = to_sockaddr(ipv6_ ? IpAddress{} : IpAddress::v4(0), 0, ipv6_, local);
     if (bind(fd, reinterpret_cast<sockaddr*>(&local), len) != 0) return fail(errno);
@@ -316,7 +329,7 @@ int Port::acquire() {
     // The group socket is one-shot: re-armed after each wake-up unless an application
     // polls it itself (rearm_group).
     ev.events = tag == kTagGroup ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
-    ev.data.u32 = tag;
+    ev.data.u64 = tag;
     if (epoll_ctl(fd_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
   }
 
@@ -393,40 +406,59 @@ int64_t steady_ns() {
       .count();
 }
 
-// Room for a source-address control message (IPV6_PKTINFO is the larger) and a UDP_SEGMENT.
-constexpr size_t kSourceControlBytes = CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(uint16_t));
+// Room for a source-address control message (IPV6_PKTINFO is the larger), a multicast hop
+// limit and a UDP_SEGMENT.
+constexpr size_t kSourceControlBytes =
+    CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t));
+
+// Appends one control message to msg (in its msg_control buffer).
+void add_control(msghdr& msg, int level, int type, const void* data, size_t size) {
+  cmsghdr* c = reinterpret_cast<cmsghdr*>(static_cast<char*>(msg.msg_control) + msg.msg_controllen);
+  c->cmsg_level = level;
+  c->cmsg_type = type;
+  c->cmsg_len = CMSG_LEN(size);
+  std::memcpy(CMSG_DATA(c), data, size);
+  msg.msg_controllen += CMSG_SPACE(size);
+}
 
 // Puts the source address into msg as a control message (in `control`): IP_PKTINFO for IPv4
 // (also on a dual-stack socket sending to a v4-mapped address), IPV6_PKTINFO for IPv6.
-// Loopback needs none: the kernel picks it for a loopback destination.
-void set_source(msghdr& msg, char (&control)[kSourceControlBytes], const IpAddress* src) {
+// Loopback needs none: the kernel picks it for a loopback destination. To a multicast group
+// the same message names the interface (there may be no route to the group at all), and
+// IP_TTL / IPV6_HOPLIMIT the hop limit.
+void set_source(msghdr& msg, char (&control)[kSourceControlBytes], const IpAddress* src,
+                const IpAddress& dst, int ifindex, uint8_t hop_limit) {
   std::memset(control, 0, sizeof control);
-  if (!src || src->is_loopback()) return;
+  const bool multicast = dst.is_multicast();
+  if (!multicast) ifindex = hop_limit = 0;
+  const bool with_src = src && !src->is_loopback();
+  if (!with_src && ifindex <= 0 && hop_limit == 0) return;
   msg.msg_control = control;
-  cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
-  if (src->is_v4()) {
-    in_pktinfo info{};
-    info.ipi_spec_dst.s_addr = src->v4_network_order();
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_PKTINFO;
-    c->cmsg_len = CMSG_LEN(sizeof(info));
-    std::memcpy(CMSG_DATA(c), &info, sizeof(info));
-    msg.msg_controllen = CMSG_SPACE(sizeof(info));
-  } else {
-    in6_pktinfo info{};
-    std::memcpy(&info.ipi6_addr, src->bytes.data(), 16);
-    c->cmsg_level = IPPROTO_IPV6;
-    c->cmsg_type = IPV6_PKTINFO;
-    c->cmsg_len = CMSG_LEN(sizeof(info));
-    std::memcpy(CMSG_DATA(c), &info, sizeof(info));
-    msg.msg_controllen = CMSG_SPACE(sizeof(info));
+  msg.msg_controllen = 0;
+  const bool v4 = dst.is_v4();
+  if (with_src || ifindex > 0) {
+    if (v4) {
+      in_pktinfo info{};
+      if (with_src) info.ipi_spec_dst.s_addr = src->v4_network_order();
+      info.ipi_ifindex = ifindex > 0 ? ifindex : 0;
+      add_control(msg, IPPROTO_IP, IP_PKTINFO, &info, sizeof info);
+    } else {
+      in6_pktinfo info{};
+      if (with_src) std::memcpy(&info.ipi6_addr, src->bytes.data(), 16);
+      info.ipi6_ifindex = ifindex > 0 ? unsigned(ifindex) : 0;
+      add_control(msg, IPPROTO_IPV6, IPV6_PKTINFO, &info, sizeof info);
+    }
+  }
+  if (hop_limit) {
+    const int hops = hop_limit;
+    add_control(msg, v4 ? IPPROTO_IP : IPPROTO_IPV6, v4 ? IP_TTL : IPV6_HOPLIMIT, &hops, sizeof hops);
   }
 }
 
 }  // namespace
 
 int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size,
-                    const IpAddress* src) {
+                    const IpAddress* src, int ifindex, uint8_t hop_limit) {
   sockaddr_storage to;
   const socklen_t len = to_sockaddr(dst, config_.udp_port, ipv6_, to);
   if (len == 0) return -EAFNOSUPPORT;
@@ -437,22 +469,23 @@ int Port::send_from(int fd, const IpAddress& dst, const void* data, size_t size,
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[kSourceControlBytes];
-  set_source(msg, control, src);
+  set_source(msg, control, src, dst, ifindex, hop_limit);
   if (sendmsg(fd, &msg, 0) < 0) return -errno;
   return 0;
 }
 
 int Port::send(const IpAddress& dst, const void* data, size_t size, uint32_t flow,
-               const IpAddress* src) {
+               const IpAddress* src, int ifindex, uint8_t hop_limit) {
   const int fd = fd_senders_[flow % kSenders];
   if (fd < 0) return -ENOTCONN;
   if (Faults* faults = Faults::from_env()) {  // SOFTVERBS_FAULTS, for tests (faults.hpp)
     const std::optional<IpAddress> from = src ? std::optional(*src) : std::nullopt;
-    return faults->send(data, size, [this, dst, flow, from](const void* d, size_t n) {
-      return send_from(fd_senders_[flow % kSenders], dst, d, n, from ? &*from : nullptr);
+    return faults->send(data, size, [=, this](const void* d, size_t n) {
+      return send_from(fd_senders_[flow % kSenders], dst, d, n, from ? &*from : nullptr,
+                       ifindex, hop_limit);
     });
   }
-  return send_from(fd, dst, data, size, src);
+  return send_from(fd, dst, data, size, src, ifindex, hop_limit);
 }
 
 int Port::send_batch(const OutDatagram* datagrams, size_t count) {
@@ -464,7 +497,7 @@ int Port::send_batch(const OutDatagram* datagrams, size_t count) {
       const size_t step = d.segment ? d.segment : d.size;
       for (size_t at = 0; at < d.size; at += step) {
         int err = send(d.dst, static_cast<const uint8_t*>(d.data) + at, std::min(step, d.size - at),
-                       d.flow, d.src);
+                       d.flow, d.src, d.ifindex, d.hop_limit);
         if (err < 0) return i ? int(i) : err;
       }
     }
@@ -492,17 +525,12 @@ int Port::send_batch(const OutDatagram* datagrams, size_t count) {
       msgs[n].msg_hdr.msg_namelen = len;
       msgs[n].msg_hdr.msg_iov = d.iovcnt ? const_cast<iovec*>(d.iov) : &iov[n];
       msgs[n].msg_hdr.msg_iovlen = d.iovcnt ? d.iovcnt : 1;
-      set_source(msgs[n].msg_hdr, control[n], d.src);
+      set_source(msgs[n].msg_hdr, control[n], d.src, d.dst, d.ifindex, d.hop_limit);
       if (d.segment && d.size > d.segment) {
         // After the source address (if any): the GSO segment size.
         msghdr& h = msgs[n].msg_hdr;
         h.msg_control = control[n];
-        cmsghdr* c = reinterpret_cast<cmsghdr*>(control[n] + h.msg_controllen);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        std::memcpy(CMSG_DATA(c), &d.segment, sizeof(uint16_t));
-        h.msg_controllen += CMSG_SPACE(sizeof(uint16_t));
+        add_control(h, SOL_UDP, UDP_SEGMENT, &d.segment, sizeof d.segment);
       }
       ++n;
     }
@@ -593,7 +621,8 @@ void Port::loop() {
   while (!stop_.load()) {
     const int n = epoll_wait(fd_epoll_, events, 8, -1);
     for (int i = 0; i < n && !stop_.load(); ++i) {
-      switch (events[i].data.u32) {
+      const uint64_t data = events[i].data.u64;
+      switch (uint32_t(data)) {
         case kTagGroup:
           handle_group();
           rearm_group();
@@ -602,6 +631,7 @@ void Port::loop() {
         case kTagAnswers: handle_answers(); break;
         case kTagTimer: handle_timers(); break;
         case kTagWake: handle_commands(); break;
+        case kTagMulticast: handle_multicast(int(data >> 32)); break;
       }
     }
   }
@@ -627,7 +657,7 @@ void Port::arm_group_locked(bool armed) {
   if (fd_group_ < 0) return;
   epoll_event ev{};
   ev.events = armed ? EPOLLIN | EPOLLONESHOT : EPOLLONESHOT;  // without EPOLLIN: never woken
-  ev.data.u32 = kTagGroup;
+  ev.data.u64 = kTagGroup;
   epoll_ctl(fd_epoll_, EPOLL_CTL_MOD, fd_group_, &ev);
 }
 
@@ -729,17 +759,17 @@ void Port::request_reroute() {
 
 void Port::handle_group() {
   std::lock_guard<std::mutex> lock(group_mu_);
-  receive_group_locked(false);
+  receive_locked(fd_group_, false, false);
 }
 
 int Port::poll() {
   if (config_.park_grace_ns) app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
-  return receive_group_locked(true);
+  return receive_locked(fd_group_, true, false);
 }
 
-int Port::receive_group_locked(bool once) {
+int Port::receive_locked(int fd, bool once, bool multicast) {
   int total = 0;
   sockaddr_storage from[kBatch];
   iovec iov[kBatch];
@@ -756,9 +786,10 @@ int Port::receive_group_locked(bool once) {
       msgs[i].msg_hdr.msg_control = control[i];
       msgs[i].msg_hdr.msg_controllen = kControlBytes;
     }
-    const int n = recvmmsg(fd_group_, msgs, kBatch, MSG_DONTWAIT, nullptr);
+    const int n = recvmmsg(fd, msgs, kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) return total;
-    for (int i = 0; i < n; ++i) total += route_received(msgs[i].msg_hdr, msgs[i].msg_len);
+    for (int i = 0; i < n; ++i)
+      total += route_received(msgs[i].msg_hdr, msgs[i].msg_len, multicast);
     if (n < kBatch || once) return total;
   }
 }
@@ -767,12 +798,19 @@ int Port::receive_group_locked(bool once) {
 // bytes but the last (which may be shorter). Each is one RoCE packet, routed on its own: the
 // kernel coalesces by addresses and ports only, so they may be for different QPs (and the
 // steering program saw only the first). Returns how many datagrams it held.
-int Port::route_received(msghdr& msg, size_t size) {
+int Port::route_received(msghdr& msg, size_t size, bool multicast) {
   Datagram d;
   const size_t segment = read_control(msg, d);
   if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
       !from_sockaddr(*static_cast<sockaddr_storage*>(msg.msg_name), msg.msg_namelen, d.src,
                      d.src_port)) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.dropped;
+    return 1;
+  }
+  // Multicast comes through the group's own sockets only (port_multicast.cpp): on the shared
+  // socket it would be a second copy (a kernel that ignores IP_MULTICAST_ALL).
+  if (d.dst.is_multicast() != multicast) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.dropped;
     return 1;

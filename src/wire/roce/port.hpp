@@ -46,8 +46,10 @@ struct IpAddress {
   bool is_v4() const;
   uint32_t v4_network_order() const;  // meaningful only when is_v4()
   bool is_loopback() const;
+  bool is_multicast() const;  // 224.0.0.0/4 (as ::ffff:224.0.0.0/100) or ff00::/8
   std::string to_string() const;
   bool operator==(const IpAddress&) const = default;
+  auto operator<=>(const IpAddress&) const = default;
 };
 
 // One datagram that arrived on the port. `data` is the UDP payload (BTH onwards, ICRC
@@ -77,6 +79,10 @@ struct OutDatagram {
   // in one place, payload straight from registered memory.
   const iovec* iov = nullptr;
   size_t iovcnt = 0;
+  // To a multicast group: the interface it leaves by and its IP TTL / hop limit (0: the
+  // kernel's choices). Unicast ignores them.
+  int ifindex = 0;
+  uint8_t hop_limit = 0;
 };
 
 struct PortConfig {
@@ -122,8 +128,9 @@ class Port {
   // MTU: DF is set; -ENOTCONN when the port is not open).
   // `src`, when given, is the source address the datagram must carry (the QP's GID: the
   // ICRC covers it), instead of the one the kernel's routing would pick.
+  // `ifindex` and `hop_limit` as in OutDatagram.
   int send(const IpAddress& dst, const void* data, size_t size, uint32_t flow = 0,
-           const IpAddress* src = nullptr);
+           const IpAddress* src = nullptr, int ifindex = 0, uint8_t hop_limit = 0);
   // sendmmsg per source socket; returns how many were sent (in order), or -errno when none.
   int send_batch(const OutDatagram* datagrams, size_t count);
   // The UDP source port that datagrams of `flow` carry (a kernel-chosen ephemeral port).
@@ -159,6 +166,18 @@ class Port {
   // that slot has no live owner or it would not take it in time.
   bool pass_to(const Datagram& d, int slot);
 
+  // IP multicast membership of this process (decision 0008), counted per (group, interface):
+  // the first join opens a socket of its own bound to (group, udp_port) and to the interface,
+  // and joins the group there (IP_ADD_MEMBERSHIP / IPV6_JOIN_GROUP); the last leave closes
+  // it; closing the port (or the process dying) closes them all. The kernel gives each such
+  // socket its own copy of every datagram to the group, so every process that joined gets
+  // one; the port's thread hands them on as it does the others. 0 or -errno (-ENOTCONN when
+  // the port is not open, -EINVAL for an address that is not multicast).
+  int join_group(const IpAddress& group, int ifindex);
+  int leave_group(const IpAddress& group, int ifindex);
+  // How many joins of (group, ifindex) this process holds (tests).
+  int group_joins(const IpAddress& group, int ifindex) const;
+
   // Re-learn the group's indices now (tests; the port does it by itself when needed).
   void request_reroute();
   // Waits until the round asked for by the last request_reroute (or acquire) is done.
@@ -172,8 +191,13 @@ class Port {
   void close_fds();
   void loop();
   void handle_group();
-  int receive_group_locked(bool once);  // caller holds group_mu_
-  int route_received(msghdr& msg, size_t size);
+  // Receives from `fd` (the group socket, or a multicast group's socket); caller holds
+  // group_mu_.
+  int receive_locked(int fd, bool once, bool multicast);
+  int route_received(msghdr& msg, size_t size, bool multicast);
+  void handle_multicast(int fd);
+  void close_multicast_fds();
+  int open_multicast_socket(const IpAddress& group, int ifindex);
   void rearm_group();  // the port's thread, after a wake-up on the group socket
   void recheck_parked();  // the port's thread, kGroupRecheck
   void handle_forwarded();
@@ -190,14 +214,22 @@ class Port {
   void arm_timerfd();
   void nudge_group();
   int send_from(int fd, const IpAddress& dst, const void* data, size_t size,
-                const IpAddress* src = nullptr);
+                const IpAddress* src = nullptr, int ifindex = 0, uint8_t hop_limit = 0);
 
   PortConfig config_;
   DatagramHandler on_datagram_;
   TimerHandler on_timer_;
 
-  std::mutex open_mu_;
+  mutable std::mutex open_mu_;
   int users_ = 0;
+  // join_group's sockets and counts, under open_mu_ (port_multicast.cpp); the sockets are
+  // also in multicast_fds_, under group_mu_, for the port's thread.
+  struct Joined {
+    int fd;
+    int count;
+  };
+  std::map<std::pair<IpAddress, int>, Joined> joins_;
+  std::set<int> multicast_fds_;
   int slot_ = 0;
   bool ipv6_ = true;  // sockets are dual-stack AF_INET6 (else AF_INET only)
   int fd_group_ = -1;

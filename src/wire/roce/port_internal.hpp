@@ -18,8 +18,9 @@
 namespace softverbs::wire::roce::detail {
 
 // epoll tags of the port thread's file descriptors
+// (the low 32 bits of epoll_event.data.u64; a multicast socket's fd is in the high 32).
 inline constexpr uint32_t kTagGroup = 1, kTagForward = 2, kTagAnswers = 3, kTagTimer = 4,
-                          kTagWake = 5;
+                          kTagWake = 5, kTagMulticast = 6;
 // The group socket receives with UDP_GRO: one buffer may hold a super-datagram of up to
 // 64 KiB (several RoCE packets of one flow). The buffers are left uninitialised, so pages
 // small datagrams never reach cost no memory.
@@ -68,6 +69,8 @@ inline bool reserved_slot(int slot) { return slot == 0 || slot == kSlots - 1; }
 
 // sockaddr for (address, port) in the family of our sockets; 0 when it has none.
 socklen_t to_sockaddr(const IpAddress& ip, uint16_t port, bool ipv6, sockaddr_storage& out);
+// setsockopt of an int.
+int setopt(int fd, int level, int name, int value);
 bool from_sockaddr(const sockaddr_storage& in, socklen_t len, IpAddress& ip, uint16_t& port);
 sockaddr_un unix_sockaddr(const std::string& abstract_name, socklen_t& len);
 
