@@ -58,13 +58,12 @@ Device::Device() {
   uint64_t guid = fnv1a(host_identity() + kDeviceName);
   guid = (guid & ~(0x03ull << 56)) | (0x02ull << 56);
   node_guid_ = htobe64(guid);
-  for (const wire::HostAddress& a : wire::host_addresses()) gids_.push_back({a.gid, a.ifindex});
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   comp_vectors_ = cpus > 0 ? static_cast<int>(cpus) : 1;
 }
 
 bool Device::is_local_gid(const ibv_gid& gid) const {
-  for (const auto& e : gids_)
+  for (const auto& e : gids())
     if (std::memcmp(e.gid.raw, gid.raw, 16) == 0) return true;
   return false;
 }
