@@ -190,8 +190,8 @@ def put_passive_side_on_peer_host(netns, state_dir, active_addr):
     first, then binds and listens on its address (--cm-addr); the active one, here,
     resolves that address as another host's and connects over RoCE v2. rdma-core's
     CMResources give the active side the same address as source and destination (one
-    host); here its source becomes active_addr, this host's. The multicast tests skip: a
-    multicast send reaches only the sender's host (docs/roce.md)."""
+    host); here its source becomes active_addr, this host's. The multicast tests join on
+    both hosts and send across (IP multicast, docs/decisions/0008)."""
     base = sys.modules.get('tests.base')
     original = getattr(getattr(base, 'RDMACMBaseTest', None), 'two_nodes_rdmacm_traffic', None)
     if original is None:
@@ -199,10 +199,6 @@ def put_passive_side_on_peer_host(netns, state_dir, active_addr):
                     '--peer-netns cannot place the passive side')
 
     def two_nodes_rdmacm_traffic(self, connection_resources, test_flow, *args, **kwargs):
-        if getattr(test_flow, '__name__', '') == 'rdmacm_multicast_traffic':
-            raise unittest.SkipTest('between hosts: multicast reaches only the sender\'s '
-                                    'host (docs/roce.md)')
-
         def flow(*flow_args, passive=None, **flow_kwargs):
             if passive:
                 enter_host(netns, state_dir)
