@@ -169,7 +169,7 @@ ms=$(($(now_ms) - start))
 # connection; a REQ that comes before the server listens again is rejected (8), as on any
 # host, and perftest's retry then reuses the ids it has just destroyed and crashes (fixed
 # upstream: rdma_cm_client_connection reallocates its nodes on retry). Run the pair again.
-for attempt in 2 3; do
+for attempt in 2 3 4 5; do
   [[ $case_name == perftest ]] && side_has cli 'RDMA_CM_EVENT_REJECTED; error: 8' || break
   echo "perftest's data connection was rejected (its server was not listening again yet): running the pair again, attempt $attempt"
   rm -f -- "$pcap" "$pcap".*
