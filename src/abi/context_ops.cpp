@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/verbs_ext.hpp"
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
@@ -85,19 +86,24 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   ibv_device_attr_ex full{};
   Device::instance().fill_device_attr(&full.orig_attr);
   full.phys_port_cnt_ex = kPortCount;
+  // ex-qp: IBA 1.5's ATOMIC WRITE and FLUSH (both placement types), the bits librpma tests.
+  full.device_cap_flags_ex |= full.orig_attr.device_cap_flags | kDeviceAtomicWrite |
+                              kDeviceFlushGlobal | kDeviceFlushPersistent;
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
 
-// The extended create: what the plain one can do (a PD), plus the one creation flag we
-// honour, BLOCK_SELF_MCAST_LB. Send-ops flags (ibv_wr_*), XRC, RSS and the rest are not
-// implemented.
+// The extended create: what the plain one can do (a PD), the creation flags we honour
+// (BLOCK_SELF_MCAST_LB, SOURCE_QPN for QP1) and send-ops flags (the ibv_wr_* API,
+// verbs/qp_ex.cpp). XRC, RSS and the rest are not implemented.
 ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   if (!ex || !(ex->comp_mask & IBV_QP_INIT_ATTR_PD)) {
     errno = EINVAL;
     return nullptr;
   }
-  if ((ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+  constexpr uint32_t kKnownMask =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if ((ex->comp_mask & ~kKnownMask) ||
       ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
        (ex->create_flags & ~(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB | IBV_QP_CREATE_SOURCE_QPN)))) {
     errno = EOPNOTSUPP;
@@ -108,6 +114,13 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
                           (ex->create_flags & IBV_QP_CREATE_SOURCE_QPN);
   if (source_qpn && (ex->qp_type != IBV_QPT_UD || ex->source_qpn != 1)) {
     errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // Extended QP: the send ops asked for must be ones this device and QP type have.
+  const uint64_t send_ops =
+      (ex->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? ex->send_ops_flags : 0;
+  if (int err = check_send_ops_flags(ex->qp_type, send_ops)) {
+    errno = err;
     return nullptr;
   }
   Pd* pd = Pd::from(ex->pd);
@@ -129,6 +142,7 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   if ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
       (ex->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))
     Qp::from(qp)->block_self_mcast = true;
+  install_qp_ex(Qp::from(qp), send_ops);
   if (source_qpn && !claim_gsi(Qp::from(qp))) {
     ibv_destroy_qp(qp);
     errno = EBUSY;  // one QP1 agent per process

@@ -106,4 +106,12 @@ inline bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length,
   return true;
 }
 
+// The responder's part of a FLUSH (IBA 1.5, as rxe): the MR named by `key` must grant the
+// flush access its placement `type` asks for (verbs_ext.hpp) over the range the selectivity
+// `level` names ([addr, addr + length), or the whole MR); then what landed there is made
+// globally visible, and for PERSISTENT written back as far as the mapping's backing store
+// goes (msync: a DAX or file mapping). False: an R_Key violation. Caller holds the key lock.
+bool flush_memory(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, uint8_t type,
+                  uint8_t level);
+
 }  // namespace softverbs

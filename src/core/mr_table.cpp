@@ -1,7 +1,12 @@
 // The key table: lkeys/rkeys name MRs; with its copy published for peers on this host.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <mutex>
 
 #include "core/core.hpp"
+#include "common/verbs_ext.hpp"
 #include "wire/shm/arena.hpp"
 
 namespace softverbs {
@@ -73,6 +78,31 @@ void MrTable::write_shared_entry(const Mr* mr) {
   e.shm = mr->shm;
   e.shm_length = mr->shm_length;
   e.key.store(mr->ibv.lkey, std::memory_order_release);
+}
+
+bool flush_memory(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, uint8_t type,
+                  uint8_t level) {
+  unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+                  ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+  if (need == 0) return false;
+  Mr* mr = MrTable::instance().find(key);
+  if (!mr) return false;
+  if (level == kFlushMr) {
+    addr = mr->iova;
+    length = mr->length;
+  }
+  iovec at{};
+  if (!resolve_sge(pd, key, addr, length, need, &at)) return false;
+  // Every write that reached us before this FLUSH is in memory already (we copy in order):
+  // a fence is all global visibility needs.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if ((type & kFlushPersistent) && length) {
+    auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    auto start = reinterpret_cast<uintptr_t>(at.iov_base) & ~(page - 1);
+    auto end = reinterpret_cast<uintptr_t>(at.iov_base) + length;
+    msync(reinterpret_cast<void*>(start), end - start, MS_SYNC);
+  }
+  return true;
 }
 
 }  // namespace softverbs

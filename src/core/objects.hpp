@@ -181,6 +181,9 @@ struct SendWqe {
   SmallVec<uint8_t, 64> inline_data;  // IBV_SEND_INLINE: copied at post time
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
+  // Atomics: compare (or add) and swap. ATOMIC_WRITE: compare_add holds the 8 bytes to
+  // store, as they lie in memory. FLUSH: compare_add is the placement type, swap the
+  // selectivity level (verbs_ext.hpp), total_length the range.
   uint64_t compare_add = 0;
   uint64_t swap = 0;
   // UD addressing, copied from the AH at post time.
@@ -220,8 +223,28 @@ struct Ah {
   static Ah* from(ibv_ah* a);
 };
 
+// The work requests an ibv_qp_ex is building between wr_start and wr_complete (qp_ex.cpp):
+// each is what ibv_post_send would have been given, plus what ibv_send_wr cannot say.
+struct ExWr {
+  ibv_send_wr wr{};  // sg_list and num_sge are set when the batch is posted
+  SmallVec<ibv_sge, 2> sges;
+  SmallVec<uint8_t, 64> inline_data;  // wr_set_inline_data(_list): copied at the call
+  uint64_t flush_length = 0;          // FLUSH: the range
+  uint8_t flush_type = 0;
+  uint8_t flush_level = 0;
+  uint64_t atomic_value = 0;          // ATOMIC_WRITE: the 8 bytes
+};
+struct ExBatch {
+  std::vector<ExWr> wrs;  // [0, count): this batch; the rest keep their storage for reuse
+  size_t count = 0;
+  int error = 0;          // the first error a wr_* call met: wr_complete returns it
+  bool open = false;      // between wr_start and wr_complete/wr_abort
+};
+
 struct Qp {
   ibv_qp_ex ibv;  // ibv_qp prefix
+  // rdma-core 45 appended wr_flush to ibv_qp_ex; programs built with its headers find it here.
+  void (*wr_flush)(ibv_qp_ex*, uint32_t, uint64_t, size_t, uint8_t, uint8_t) = nullptr;
   uint32_t magic = kQpMagic;
   Context* ctx;
   Pd* pd;
@@ -237,6 +260,10 @@ struct Qp {
   ibv_qp_attr attr{};
   std::vector<ibv_gid> mcast_groups;  // under attr_mu: multicast groups attached (UD)
   bool block_self_mcast = false;      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+  // Created by ibv_create_qp_ex: ibv_qp_to_qp_ex hands out `ibv`, whose wr_* build `ex`.
+  bool is_qp_ex = false;
+  uint64_t send_ops_flags = 0;
+  ExBatch ex;  // under sq_mu only while being posted; the wr_* calls are the caller's
   // IBV_QP_CREATE_SOURCE_QPN: a UD QP that speaks as this QPN on the wire (only 1, QP1: the
   // CM's MAD agent, docs/decisions/0007). It sends with DETH SrcQP 1 and receives what
   // arrives for DestQP 1. 0: the QP's own number.

@@ -9,6 +9,7 @@
 #include "engine/engine.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
+#include "common/verbs_ext.hpp"
 #include "core/core.hpp"
 #include "wire/transport.hpp"
 
@@ -180,6 +181,18 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 
+// FLUSH (IBA 1.5): it needs the flush access of its placement type from the QP and the MR.
+Outcome respond_flush(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
+  if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+  auto type = static_cast<uint8_t>(req.compare_add), level = static_cast<uint8_t>(req.swap);
+  unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+                  ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+  if ((ta.access & need) != need) return fault(t, Fault::RemoteAccess);
+  if (!flush_memory(t->pd, req.rkey, req.remote_addr, req.length, type, level))
+    return fault(t, Fault::RemoteAccess);
+  return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(req.length)};
+}
+
 }  // namespace
 
 Outcome respond(const wire::Request& req, Qp* t) {
@@ -209,6 +222,7 @@ Outcome respond(const wire::Request& req, Qp* t) {
     }
   }
 
+  if (req.opcode == kWrFlush) return respond_flush(req, t, ta);  // not in the 44 enum
   switch (req.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
@@ -266,6 +280,19 @@ Outcome respond(const wire::Request& req, Qp* t) {
       }
       iovec result{&old, 8};
       if (!wire::copy_to_requester(req, &result, 1, 8)) return {Outcome::NoResponse};
+      return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
+    }
+
+    // IBA 1.5: 8 bytes stored at once, with REMOTE_WRITE (as rxe); RC only.
+    case IBV_WR_ATOMIC_WRITE: {
+      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
+      if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
+      iovec target{};
+      if (!resolve_sge(t->pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, &target))
+        return fault(t, Fault::RemoteAccess);
+      uint64_t value = req.compare_add;  // the bytes as they lie in the requester's memory
+      __atomic_store_n(static_cast<uint64_t*>(target.iov_base), value, __ATOMIC_SEQ_CST);
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
     }
 

@@ -348,6 +348,13 @@ struct RoceLink final : packet::Env {
     return {static_cast<uint8_t*>(at.iov_base), true};
   }
 
+  bool flush(uint32_t rkey, uint64_t va, uint32_t len, uint8_t type, uint8_t level) override {
+    unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+                    ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+    if ((qp_access & need) != need) return false;  // the QP's flush access too (as rxe)
+    return flush_memory(qp->pd, rkey, va, len, type, level);
+  }
+
   std::optional<packet::RecvWqe> take_receive() override {
     // An SRQ's receives are not this QP's to flush when it fails.
     if (qp->srq && pq.state() == IBV_QPS_ERR) return std::nullopt;
@@ -411,6 +418,7 @@ struct RoceLink final : packet::Env {
   uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                           uint64_t swap) override {
     auto* word = reinterpret_cast<uint64_t*>(addr);
+    if (op == IBV_WR_ATOMIC_WRITE) return __atomic_exchange_n(word, compare_add, __ATOMIC_SEQ_CST);
     if (op == IBV_WR_ATOMIC_CMP_AND_SWP) {
       uint64_t old = compare_add;
       __atomic_compare_exchange_n(word, &old, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
@@ -704,6 +712,11 @@ bool roce_post(Qp* qp, SendWqe& w) {
   p.rkey = w.rkey;
   p.compare_add = w.compare_add;
   p.swap = w.swap;
+  if (w.opcode == kWrFlush) {  // SendWqe keeps FLUSH's type and level in the atomic operands
+    p.flush_length = static_cast<uint32_t>(w.total_length);
+    p.flush_type = static_cast<uint8_t>(w.compare_add);
+    p.flush_level = static_cast<uint8_t>(w.swap);
+  }
   p.remote_qpn = multicast ? packet::kMulticastQpn : w.remote_qpn;
   p.remote_qkey = w.remote_qkey;
   if (w.total_length > kMaxMsgSize)

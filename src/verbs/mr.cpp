@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "core/device.hpp"
+#include "common/verbs_ext.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/shm/mr_shm.hpp"
@@ -13,7 +14,8 @@ namespace {
 constexpr unsigned kAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                   IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
-                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
+                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB |
+                                  kAccessFlushGlobal | kAccessFlushPersistent;
 // Bits 20..29 are optional (e.g. RELAXED_ORDERING): a device may ignore them.
 constexpr unsigned kAccessOptional = 0x3ff00000u;
 

@@ -73,6 +73,12 @@ bool claim_gsi(Qp* qp);
 int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+// The extended QP API (ibv_wr_post(3), qp_ex.cpp): which send_ops_flags this device can
+// give a QP of `type` (EOPNOTSUPP for the rest), and the wr_* table of a QP created with them.
+int check_send_ops_flags(ibv_qp_type type, uint64_t flags);
+void install_qp_ex(Qp* qp, uint64_t send_ops_flags);
+// wr_complete: posts the batch qp->ex built, all of it or, on error, none; 0 or an errno.
+int post_send_batch(Qp* qp);
 int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Checks an ibv_modify_qp attribute mask against the IBA transition table (EINVAL if wrong).
 int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int mask);

@@ -24,12 +24,14 @@ bool is_write(ibv_wr_opcode op) {
 }
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  if (op == kWrFlush) return kWcFlush;  // not in the 44 headers' enum
   switch (op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE: return IBV_WC_ATOMIC_WRITE;
     default: return IBV_WC_SEND;
   }
 }
@@ -52,7 +54,8 @@ uint8_t segment_opcode(ibv_wr_opcode op, uint32_t k, uint32_t n) {
 }  // namespace
 
 int PacketQp::post_send(SendWqe wqe) {
-  switch (wqe.opcode) {
+  if (wqe.opcode == kWrFlush && type_ != QpType::kRc) return EINVAL;
+  if (wqe.opcode != kWrFlush) switch (wqe.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
       break;
@@ -63,6 +66,7 @@ int PacketQp::post_send(SendWqe wqe) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:
       if (type_ != QpType::kRc) return EINVAL;
       break;
     default:
@@ -73,12 +77,14 @@ int PacketQp::post_send(SendWqe wqe) {
     if (length < 8) return EINVAL;
     length = 8;
   }
+  if (wqe.opcode == IBV_WR_ATOMIC_WRITE) length = rw::kAtomicWriteBytes;  // in compare_add
+  if (wqe.opcode == kWrFlush) length = wqe.flush_length;
   if (length > (uint64_t{1} << 31)) return EINVAL;
   if (type_ == QpType::kUd && length > mtu_) return EINVAL;
 
   SendEntry e;
   e.length = static_cast<uint32_t>(length);
-  e.npkts = is_atomic(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
+  e.npkts = is_single_packet(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
   e.wr = std::move(wqe);
   if (state_ == IBV_QPS_ERR || state_ == IBV_QPS_SQE) {
     complete_send(e, IBV_WC_WR_FLUSH_ERR);
@@ -167,6 +173,24 @@ void PacketQp::transmit(SendEntry& e, uint32_t k) {
     p.swap_add = cas ? w.swap : w.compare_add;
     p.compare = cas ? w.compare_add : 0;
     p.ack_req = true;
+  } else if (w.opcode == IBV_WR_ATOMIC_WRITE) {
+    p.opcode = transport_bits() | rw::kAtomicWrite;
+    p.va = w.remote_addr;
+    p.rkey = w.rkey;
+    p.dma_len = rw::kAtomicWriteBytes;
+    // The 8 bytes go as they lie in the requester's memory (compare_add holds them so).
+    scratch_.push_back({reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&w.compare_add)),
+                        rw::kAtomicWriteBytes});
+    p.payload_len = rw::kAtomicWriteBytes;
+    p.ack_req = true;
+  } else if (w.opcode == kWrFlush) {
+    p.opcode = transport_bits() | rw::kFlush;
+    p.va = w.remote_addr;
+    p.rkey = w.rkey;
+    p.dma_len = e.length;
+    p.flush_type = w.flush_type;
+    p.flush_level = w.flush_level;
+    p.ack_req = true;
   } else {
     bool first = k == 0, last = k + 1 == e.npkts;
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu_, e.length - offset));
@@ -207,7 +231,7 @@ void PacketQp::go_back_to(uint32_t psn) {
     return;
   }
   cursor_ = static_cast<size_t>(i);
-  cursor_pkt_ = is_atomic(sq_[cursor_].wr.opcode)
+  cursor_pkt_ = is_single_packet(sq_[cursor_].wr.opcode)
                     ? 0
                     : static_cast<uint32_t>(psn_diff(psn, sq_[cursor_].first_psn));
 }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/verbs_ext.hpp"
 #include "wire/shm/mr_shm.hpp"
 #include "wire/registry.hpp"
 
@@ -90,6 +91,8 @@ bool valid_opcode(uint32_t op) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:  // its 8 bytes travel in compare_add
+    case kWrFlush:             // type and level in compare_add and swap
       return true;
     default:
       return false;
