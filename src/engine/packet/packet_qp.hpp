@@ -57,7 +57,7 @@ struct SendWqe {
   ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
                                        // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
   unsigned send_flags = 0;             // IBV_SEND_SIGNALED, _SOLICITED, _FENCE
-  uint32_t imm = 0;                    // network order
+  uint32_t imm = 0;                    // network order; SEND_WITH_INV: the R_Key (host)
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;            // CMP_AND_SWP: compare; FETCH_AND_ADD: add
@@ -65,6 +65,9 @@ struct SendWqe {
   uint32_t remote_qpn = 0;             // UD: the AH's destination
   uint32_t remote_qkey = 0;            // UD: high bit set = use the QP's own Q_Key
   std::vector<Iov> sg;                 // gather (SEND/WRITE) or scatter (READ, atomic: 8 B)
+  // IBV_WR_BIND_MW / IBV_WR_LOCAL_INV: the owner ran it when posting (nothing goes on the
+  // wire); it completes with this status once every WQE before it has completed.
+  ibv_wc_status local_status = IBV_WC_SUCCESS;
 };
 
 // One receive work request: its scatter list is its capacity.
@@ -81,7 +84,7 @@ struct Completion {
   ibv_wc_opcode opcode = IBV_WC_SEND;
   uint32_t vendor_err = 0;
   uint32_t byte_len = 0;
-  uint32_t imm_data = 0;  // network order
+  uint32_t imm_data = 0;  // network order; IBV_WC_WITH_INV: the invalidated R_Key (host)
   uint32_t qp_num = 0;
   uint32_t src_qp = 0;
   unsigned wc_flags = 0;  // IBV_WC_WITH_IMM, IBV_WC_GRH
@@ -118,6 +121,9 @@ class Env {
   // Executes an atomic on 8 aligned bytes and returns the old value (host order).
   virtual uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                                   uint64_t swap) = 0;
+  // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
+  // when it cannot (the receive fails, IBA class J). By default nothing can be.
+  virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
 };
 
 // Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
@@ -192,6 +198,7 @@ class PacketQp {
   void go_back_to(uint32_t psn);
   void complete_head(ibv_wc_status status);
   void complete_send(const SendEntry& e, ibv_wc_status status);
+  void retire_local_ops();
   void check_drained();
 
   // completer.cpp

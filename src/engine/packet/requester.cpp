@@ -22,6 +22,7 @@ bool has_imm(ibv_wr_opcode op) {
 bool is_write(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
+bool is_local(ibv_wr_opcode op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   switch (op) {
@@ -30,6 +31,8 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
     default: return IBV_WC_SEND;
   }
 }
@@ -43,9 +46,11 @@ uint8_t segment_opcode(ibv_wr_opcode op, uint32_t k, uint32_t n) {
     if (last) return imm ? rw::kWriteLastImm : rw::kWriteLast;
     return rw::kWriteMiddle;
   }
-  if (first && last) return imm ? rw::kSendOnlyImm : rw::kSendOnly;
+  // SEND_WITH_INV: the IETH rides on the packet that ends the message.
+  const bool inv = op == IBV_WR_SEND_WITH_INV;
+  if (first && last) return inv ? rw::kSendOnlyInv : imm ? rw::kSendOnlyImm : rw::kSendOnly;
   if (first) return rw::kSendFirst;
-  if (last) return imm ? rw::kSendLastImm : rw::kSendLast;
+  if (last) return inv ? rw::kSendLastInv : imm ? rw::kSendLastImm : rw::kSendLast;
   return rw::kSendMiddle;
 }
 
@@ -63,7 +68,12 @@ int PacketQp::post_send(SendWqe wqe) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_SEND_WITH_INV:  // IBA has IETH opcodes for RC only
       if (type_ != QpType::kRc) return EINVAL;
+      break;
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+      if (type_ == QpType::kUd) return EINVAL;
       break;
     default:
       return EINVAL;
@@ -79,6 +89,7 @@ int PacketQp::post_send(SendWqe wqe) {
   SendEntry e;
   e.length = static_cast<uint32_t>(length);
   e.npkts = is_atomic(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
+  if (is_local(wqe.opcode)) e.length = e.npkts = 0;  // no PSN: nothing goes on the wire
   e.wr = std::move(wqe);
   if (state_ == IBV_QPS_ERR || state_ == IBV_QPS_SQE) {
     complete_send(e, IBV_WC_WR_FLUSH_ERR);
@@ -92,6 +103,19 @@ int PacketQp::post_send(SendWqe wqe) {
   return 0;
 }
 
+// Local operations ran when they were posted; each completes as soon as it is the oldest
+// (an error one fails the QP, as any failed WQE does).
+void PacketQp::retire_local_ops() {
+  while (!sq_.empty() && is_local(sq_.front().wr.opcode)) {
+    ibv_wc_status status = sq_.front().wr.local_status;
+    if (status != IBV_WC_SUCCESS) {
+      fail_head(status);
+      return;
+    }
+    complete_head(IBV_WC_SUCCESS);
+  }
+}
+
 uint32_t PacketQp::cursor_psn() const {
   if (cursor_ >= sq_.size()) return next_psn_;
   return psn_add(sq_[cursor_].first_psn, cursor_pkt_);
@@ -102,9 +126,17 @@ uint32_t PacketQp::cursor_psn() const {
 void PacketQp::pump() {
   if ((state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD) || rnr_wait_) return;
   const bool rc = type_ == QpType::kRc;
+  retire_local_ops();
   while (cursor_ < sq_.size()) {
     SendEntry& e = sq_[cursor_];
     if (state_ == IBV_QPS_SQD && !e.started) break;
+    if (is_local(e.wr.opcode)) {  // nothing to send; retired in order
+      e.started = true;
+      ++cursor_;
+      cursor_pkt_ = 0;
+      retire_local_ops();
+      continue;
+    }
     const bool rd_atomic = is_rd_atomic(e.wr.opcode);
     uint32_t psn = psn_add(e.first_psn, cursor_pkt_);
     if (rc) {
@@ -130,7 +162,10 @@ void PacketQp::pump() {
       ++cursor_;
       cursor_pkt_ = 0;
       // UC and UD have no acknowledgements: a WQE is done once it is on the wire.
-      if (!rc) complete_head(IBV_WC_SUCCESS);
+      if (!rc) {
+        complete_head(IBV_WC_SUCCESS);
+        retire_local_ops();
+      }
     }
     if (rc && !timer_armed_) restart_retransmit_timer();
   }
@@ -177,6 +212,7 @@ void PacketQp::transmit(SendEntry& e, uint32_t k) {
       p.dma_len = e.length;
     }
     if (last && has_imm(w.opcode)) p.imm = w.imm;
+    if (last && w.opcode == IBV_WR_SEND_WITH_INV) p.inv_rkey = w.imm;
     if (last && (w.send_flags & IBV_SEND_SOLICITED) &&
         (!is_write(w.opcode) || has_imm(w.opcode)))
       p.solicited = true;
