@@ -228,6 +228,7 @@ static struct ibv_qp *owner_connect(struct sv_dev *d, struct sv_pair_cfg *cfg, s
 	sv_exchange(sock, ours, &theirs, sizeof(theirs));
 	sv_trade_gid(sock, qp);
 	sv_connect_remote(qp, d, cfg, theirs.qpn, mr, 100, nrecv, 64);
+	sv_say(sock, 0); /* in RTS: B's first request is not lost to a QP still in INIT */
 	return qp;
 }
 
@@ -325,6 +326,7 @@ static struct ibv_qp *peer_connect(struct sv_dev *d, struct sv_pair_cfg *cfg, st
 	sv_exchange(sock, &ours, theirs, sizeof(*theirs));
 	sv_trade_gid(sock, qp);
 	sv_connect_remote(qp, d, cfg, theirs->qpn, NULL, 0, 0, 0);
+	CHECK_EQ(sv_hear(sock), 0);
 	return qp;
 }
 
