@@ -344,8 +344,8 @@ struct RoceLink final : packet::Env {
   packet::RkeyResult resolve_rkey(uint32_t rkey, uint64_t va, uint32_t len, int access) override {
     if ((qp_access & static_cast<unsigned>(access)) != static_cast<unsigned>(access)) return {};
     iovec at{};
-    if (!softverbs::resolve_rkey(qp->pd, qp->qpn(), rkey, va, len, static_cast<unsigned>(access), &at))
-      return {};
+    const auto need = static_cast<unsigned>(access);
+    if (!softverbs::resolve_rkey(qp->pd, qp->qpn(), rkey, va, len, need, &at)) return {};
     return {static_cast<uint8_t*>(at.iov_base), true};
   }
 
