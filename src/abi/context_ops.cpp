@@ -86,12 +86,38 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   ibv_device_attr_ex full{};
   Device::instance().fill_device_attr(&full.orig_attr);
   full.phys_port_cnt_ex = kPortCount;
-  // ex-qp: IBA 1.5's ATOMIC WRITE and FLUSH (both placement types), the bits librpma tests.
-  full.device_cap_flags_ex |= full.orig_attr.device_cap_flags | kDeviceAtomicWrite |
-                              kDeviceFlushGlobal | kDeviceFlushPersistent;
+  // The 64-bit flags repeat the 32 of ibv_device_attr (the memory window bits among them),
+  // plus (ex-qp) IBA 1.5's ATOMIC WRITE and FLUSH (both placement types), the bits librpma tests.
+  full.device_cap_flags_ex = static_cast<uint32_t>(full.orig_attr.device_cap_flags);
+  full.device_cap_flags_ex |= kDeviceAtomicWrite | kDeviceFlushGlobal | kDeviceFlushPersistent;
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
+
+// ---- memory windows (verbs/mw.cpp) ----------------------------------------------------
+// <infiniband/verbs.h> inlines reach these: ibv_alloc_mw, ibv_bind_mw (after its own type,
+// MR and PD checks), ibv_dealloc_mw.
+ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
+  Pd* p = Pd::from(pd);
+  if (!p) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return alloc_mw(p, type);
+}
+
+int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
+  Qp* q = Qp::from(qp);
+  Mw* w = Mw::from(mw);
+  if (!q || !w || !bind || w->pd->ctx != q->ctx) return EINVAL;
+  return bind_mw(q, w, bind);
+}
+
+int op_dealloc_mw(ibv_mw* mw) {
+  Mw* w = Mw::from(mw);
+  return w ? dealloc_mw(w) : EINVAL;
+}
+// ---- end of memory windows --------------------------------------------------------------
 
 // The extended create: what the plain one can do (a PD), the creation flags we honour
 // (BLOCK_SELF_MCAST_LB, SOURCE_QPN for QP1) and send-ops flags (the ibv_wr_* API,
@@ -164,9 +190,9 @@ void fill_context_ops(Context* ctx) {
   unsupported(ops._compat_reg_mr);
   unsupported(ops._compat_rereg_mr);
   unsupported(ops._compat_dereg_mr);
-  unsupported(ops.alloc_mw);
-  unsupported(ops.bind_mw);
-  unsupported(ops.dealloc_mw);
+  ops.alloc_mw = &op_alloc_mw;  // memory windows
+  ops.bind_mw = &op_bind_mw;
+  ops.dealloc_mw = &op_dealloc_mw;
   unsupported(ops._compat_create_cq);
   ops.poll_cq = &op_poll_cq;
   ops.req_notify_cq = &op_req_notify_cq;

@@ -32,6 +32,7 @@ struct Limits {
   static constexpr int max_cq = 1 << 16;
   static constexpr int max_cqe = (1 << 20) - 1;
   static constexpr int max_mr = 1 << 20;
+  static constexpr int max_mw = 1 << 16;  // windows share the key table with MRs
   static constexpr int max_pd = 1 << 16;
   // rxe's (RXE_MAX_QP_RD_ATOM): perftest sets max_rd_atomic to the peer's max_qp_rd_atom,
   // so with a smaller one it cannot connect to rxe (ibv_modify_qp to RTS fails here).

@@ -42,12 +42,14 @@ enum Magic : uint32_t {
   kQpMagic = 0x53565150,
   kSrqMagic = 0x53565352,
   kAhMagic = 0x53564148,
+  kMwMagic = 0x5356574d,
   kDead = 0xdeaddead,
 };
 
 struct Context;
 struct Pd;
 struct Mr;
+struct Mw;
 struct Cq;
 struct CompChannel;
 struct Qp;
@@ -85,7 +87,29 @@ struct Mr {
   unsigned access;
   uint64_t shm = 0;  // offset of ibv.addr in the MR memfd when its pages were moved there
   uint64_t shm_length = 0;  // bytes from ibv.addr on that were moved
+  // Memory windows bound to it (changed under the key lock, shared, and the window's mu):
+  // while any is, ibv_dereg_mr and ibv_rereg_mr fail (ibv_alloc_mw(3), IBA 10.6.7.2.6).
+  std::atomic<int> bound_windows{0};
   static Mr* from(ibv_mr* m);
+};
+
+// A memory window (ibv_alloc_mw(3), IBA 10.6.7): a key for remote access to part of an MR,
+// bound and invalidated by work requests (core/mw_table.cpp). Its key lives in the key
+// table's slot like an MR's; the binding below is read and changed under `mu` (with the
+// key lock held shared), so that a bind on one QP and a lookup for another never race.
+struct Mw {
+  ibv_mw ibv;  // ibv.rkey: the application's copy (ibv_bind_mw writes the next key there)
+  uint32_t magic = kMwMagic;
+  Pd* pd;
+  uint32_t index = 0;  // the key table slot (rkey >> 8)
+  SpinLock mu;
+  uint32_t rkey = 0;   // the key the window answers to now
+  Mr* mr = nullptr;    // bound to; nullptr: not bound (type 1) or invalidated (type 2)
+  uint64_t addr = 0;   // the window: [addr, addr + length) of the MR's iova space
+  uint64_t length = 0;
+  unsigned access = 0;     // IBV_ACCESS_REMOTE_* and IBV_ACCESS_ZERO_BASED
+  uint32_t qpn = 0;        // type 2: the QP it is bound to (only that QP may use it)
+  static Mw* from(ibv_mw* m);
 };
 
 struct CompChannel {
@@ -172,11 +196,26 @@ struct RecvWqe {
   uint64_t place_changes = 0;
 };
 
+// What an IBV_WR_BIND_MW work request binds (ibv_post_send for type 2, ibv_bind_mw for
+// type 1 with rkey = ibv_inc_rkey(mw->rkey)); checked when it runs (IBV_WC_MW_BIND_ERR).
+struct MwBind {
+  Mw* mw = nullptr;       // compared with the key table's slot mw_index before any use
+  uint32_t mw_index = 0;
+  uint32_t rkey = 0;      // the window's key once bound
+  uint32_t mr_lkey = 0;   // the MR (0 with length 0: a type 1 window is unbound)
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  unsigned access = 0;    // mw_access_flags
+};
+
 struct SendWqe {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   unsigned flags = 0;
-  uint32_t imm = 0;  // network order, as posted
+  // Network order, as posted. IBV_WR_SEND_WITH_INV and IBV_WR_LOCAL_INV: the R_Key to
+  // invalidate, in host order (ibv_send_wr's union of imm_data and invalidate_rkey).
+  uint32_t imm = 0;
+  MwBind bind;  // IBV_WR_BIND_MW
   SgeList sges;
   SmallVec<uint8_t, 64> inline_data;  // IBV_SEND_INLINE: copied at post time
   uint64_t remote_addr = 0;

@@ -175,6 +175,16 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
     wc.imm_data = req.imm;
     wc.wc_flags |= IBV_WC_WITH_IMM;
   }
+  if (req.opcode == IBV_WR_SEND_WITH_INV) {
+    // The data landed; then the named window of this QP goes (rxe's order). One that
+    // cannot be invalidated fails the receive and the QP (IBA class J).
+    if (!MrTable::instance().invalidate(req.imm, t->pd, t->qpn(), true)) {
+      rq.consume();
+      return receive_fault(t, &wc, Fault::RemoteInvalidate);
+    }
+    wc.invalidated_rkey = req.imm;  // host order (ibv_poll_cq(3))
+    wc.wc_flags |= IBV_WC_WITH_INV;
+  }
   wc.status = IBV_WC_SUCCESS;
   rq.consume();
   cq_push(t->recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
@@ -227,12 +237,16 @@ Outcome respond(const wire::Request& req, Qp* t) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
       return deliver_receive(req, t, true, ta.min_rnr_timer);
+    case IBV_WR_SEND_WITH_INV:
+      if (t->type != IBV_QPT_RC) return fault(t, Fault::RemoteInvalid);
+      return deliver_receive(req, t, true, ta.min_rnr_timer);
 
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
       iovec dst{};
-      if (len && !resolve_sge(t->pd, req.rkey, req.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, &dst))
+      if (len && !resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, len,
+                               IBV_ACCESS_REMOTE_WRITE, &dst))
         return fault(t, Fault::RemoteAccess);
       if (req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         // The data must land before the receive completion says so; check for a receive
@@ -254,7 +268,8 @@ Outcome respond(const wire::Request& req, Qp* t) {
       if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
       if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(t, Fault::RemoteAccess);
       iovec src{};
-      if (len && !resolve_sge(t->pd, req.rkey, req.remote_addr, len, IBV_ACCESS_REMOTE_READ, &src))
+      if (len && !resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, len,
+                               IBV_ACCESS_REMOTE_READ, &src))
         return fault(t, Fault::RemoteAccess);
       if (len && !wire::copy_to_requester(req, &src, 1, len)) return {Outcome::NoResponse};
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
@@ -266,7 +281,8 @@ Outcome respond(const wire::Request& req, Qp* t) {
       if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(t, Fault::RemoteAccess);
       if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
       iovec target{};
-      if (!resolve_sge(t->pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, &target))
+      if (!resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC,
+                        &target))
         return fault(t, Fault::RemoteAccess);
       // The responder runs in the process that owns the memory: a real CPU atomic.
       auto* word = static_cast<uint64_t*>(target.iov_base);

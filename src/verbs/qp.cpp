@@ -125,6 +125,13 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       return type == IBV_QPT_RC;
+    // Memory windows (ibv_post_send(3)'s table: UC, RC, XRC). SEND_WITH_INV on RC only:
+    // IBA has no UC opcode that carries an IETH, so no peer on the wire could take it.
+    case IBV_WR_LOCAL_INV:
+    case IBV_WR_BIND_MW:
+      return type == IBV_QPT_RC || type == IBV_QPT_UC;
+    case IBV_WR_SEND_WITH_INV:
+      return type == IBV_QPT_RC;
     default:
       return false;
   }
@@ -153,7 +160,11 @@ int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total, const ExWr* ex
     *total = op == kWrFlush ? ex->flush_length : 8;
     return 0;
   }
-  if (raw > IBV_WR_ATOMIC_FETCH_AND_ADD || !opcode_allowed(qp->type, op)) return EINVAL;
+  if (raw > IBV_WR_SEND_WITH_INV || !opcode_allowed(qp->type, op)) return EINVAL;
+  if (engine::is_local_op(op)) {  // no payload: the scatter/gather list is not looked at
+    *total = 0;
+    return 0;
+  }
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
   uint64_t sum = 0;
@@ -180,6 +191,12 @@ int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w, co
   w->flags = wr->send_flags;
   w->imm = wr->imm_data;
   w->total_length = total;
+  if (wr->opcode == IBV_WR_BIND_MW) {
+    // Type 2 only: a type 1 window is bound by ibv_bind_mw (IBA 10.6.7.2).
+    if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2) return EINVAL;
+    return fill_bind_wqe(qp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info, w);
+  }
+  if (wr->opcode == IBV_WR_LOCAL_INV) return 0;  // w->imm is the key (the union)
   // ATOMIC WRITE's 8 bytes and FLUSH's range are operands, not a gather list.
   bool no_data = ex && (wr->opcode == IBV_WR_ATOMIC_WRITE || wr->opcode == kWrFlush);
   bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
@@ -478,6 +495,8 @@ int destroy_qp(Qp* qp) {
   engine::close_window(qp, false);
   engine::roce_release_gsi(qp);
   wire::unregister_qp(qp->qpn());  // no peer or timer can reach it any more
+  // Its number will name another QP: the type 2 windows bound to it go with it.
+  MrTable::instance().invalidate_windows_of(qp->qpn());
   engine::roce_destroy(qp);
   ibv_qp* q = qp->qp();
   drop_async_events_of(qp->ctx, EventElement::Qp, q);
@@ -514,6 +533,17 @@ int post_checked_locked(Qp* qp, const ibv_send_wr* wr, uint64_t total, int st, c
 }
 
 }  // namespace
+
+int post_wqe(Qp* qp, SendWqe&& w) {
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
+  int st = qp->state.load();
+  if (int err = send_state_error(st)) return err;
+  if (qp->sq.size() + engine::roce_in_flight(qp) >= qp->cap.max_send_wr) return ENOMEM;
+  if (!(qp->sq.empty() && st == IBV_QPS_RTS && engine::run_wqe(qp, w, st)))
+    qp->sq.push_back(std::move(w));
+  engine::run_send_queue(qp);
+  return 0;
+}
 
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::lock_guard<QueueMutex> lock(qp->sq_mu);

@@ -245,14 +245,11 @@ int check_send_ops_flags(ibv_qp_type type, uint64_t flags) {
   if (type == IBV_QPT_RC)
     ok |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
           IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE | kQpExWithFlush;
-  // As rxe: memory windows on RC and UC, local invalidation on RC.
-  if (type != IBV_QPT_UD) {
-    if (device_has(IBV_DEVICE_MEM_WINDOW)) ok |= IBV_QP_EX_WITH_BIND_MW;
-    if (device_has(IBV_DEVICE_MEM_MGT_EXTENSIONS)) {
-      ok |= IBV_QP_EX_WITH_SEND_WITH_INV;
-      if (type == IBV_QPT_RC) ok |= IBV_QP_EX_WITH_LOCAL_INV;
-    }
-  }
+  // As rxe: memory windows on RC and UC; invalidation on RC (IBA has IETH opcodes for RC
+  // only, and ibv_post_send refuses SEND_WITH_INV on UC too).
+  if (type != IBV_QPT_UD && device_has(IBV_DEVICE_MEM_WINDOW)) ok |= IBV_QP_EX_WITH_BIND_MW;
+  if (type == IBV_QPT_RC && device_has(IBV_DEVICE_MEM_MGT_EXTENSIONS))
+    ok |= IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_LOCAL_INV;
   if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD) return EOPNOTSUPP;
   return (flags & ~ok) ? EOPNOTSUPP : 0;
 }

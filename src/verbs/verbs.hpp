@@ -41,6 +41,19 @@ ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access
 int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access);
 int dereg_mr(Mr* mr);
 ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr);
+
+// Memory windows (verbs/mw.cpp)
+ibv_mw* alloc_mw(Pd* pd, ibv_mw_type type);
+int dealloc_mw(Mw* mw);
+// ibv_bind_mw(3) (type 1): posts IBV_WR_BIND_MW with the next key (ibv_inc_rkey) and
+// writes that key to mw->ibv.rkey at once, as the man page says.
+int bind_mw(Qp* qp, Mw* mw, const ibv_mw_bind* bind);
+// Fills the bind of an IBV_WR_BIND_MW WQE (ibv_post_send, ibv_bind_mw, ibv_wr_bind_mw):
+// EINVAL when `mw` is not a window of qp's context. The rules are checked when it runs.
+int fill_bind_wqe(Qp* qp, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info, SendWqe* w);
+// Queues (or runs) one WQE built by the caller, as ibv_post_send does with the WQEs it
+// builds: EINVAL before RTS, ENOMEM when the send queue is full.
+int post_wqe(Qp* qp, SendWqe&& w);
 int destroy_ah(Ah* ah);
 
 // Completion channels and CQs

@@ -39,7 +39,7 @@ struct Request {
   ibv_qp_type type = IBV_QPT_RC;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   unsigned flags = 0;
-  uint32_t imm = 0;  // network order
+  uint32_t imm = 0;  // network order; SEND_WITH_INV: the R_Key to invalidate (host order)
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint32_t qkey = 0;  // UD: the effective Q_Key

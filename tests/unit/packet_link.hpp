@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "engine/packet/packet_qp.hpp"
@@ -58,6 +59,9 @@ class Node : public pk::Env {
     (q == pk::WorkQueue::kSend ? scq : rcq).push_back(wc);
   }
   void raise_event(ibv_event_type type) override { events.push_back(type); }
+  // SEND_WITH_INV: the keys this node lets a peer invalidate (each once).
+  bool invalidate_rkey(uint32_t rkey) override { return invalidatable.erase(rkey) == 1; }
+  std::set<uint32_t> invalidatable;
   uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                           uint64_t swap) override {
     ++atomic_executions;

@@ -47,6 +47,10 @@ bool PacketQp::ack_through(uint32_t psn) {
   bool responses_lost = false;
   while (!sq_.empty()) {
     SendEntry& h = sq_.front();
+    if (h.npkts == 0) {  // a local operation, now the oldest
+      retire_local_ops();
+      continue;
+    }
     if (!h.started || psn_diff(psn, h.first_psn) < 0) break;
     if (is_rd_atomic(h.wr.opcode)) {
       responses_lost = true;

@@ -67,7 +67,7 @@ struct SendWqe {
                                        // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD,
                                        // ATOMIC_WRITE, FLUSH (kWrFlush)
   unsigned send_flags = 0;             // IBV_SEND_SIGNALED, _SOLICITED, _FENCE
-  uint32_t imm = 0;                    // network order
+  uint32_t imm = 0;                    // network order; SEND_WITH_INV: the R_Key (host)
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;            // CMP_AND_SWP: compare; FETCH_AND_ADD: add;
@@ -79,6 +79,9 @@ struct SendWqe {
   uint32_t remote_qpn = 0;             // UD: the AH's destination
   uint32_t remote_qkey = 0;            // UD: high bit set = use the QP's own Q_Key
   std::vector<Iov> sg;                 // gather (SEND/WRITE) or scatter (READ, atomic: 8 B)
+  // IBV_WR_BIND_MW / IBV_WR_LOCAL_INV: the owner ran it when posting (nothing goes on the
+  // wire); it completes with this status once every WQE before it has completed.
+  ibv_wc_status local_status = IBV_WC_SUCCESS;
 };
 
 // One receive work request: its scatter list is its capacity.
@@ -95,7 +98,7 @@ struct Completion {
   ibv_wc_opcode opcode = IBV_WC_SEND;
   uint32_t vendor_err = 0;
   uint32_t byte_len = 0;
-  uint32_t imm_data = 0;  // network order
+  uint32_t imm_data = 0;  // network order; IBV_WC_WITH_INV: the invalidated R_Key (host)
   uint32_t qp_num = 0;
   uint32_t src_qp = 0;
   unsigned wc_flags = 0;  // IBV_WC_WITH_IMM, IBV_WC_GRH
@@ -135,6 +138,9 @@ class Env {
                                   uint64_t swap) = 0;
   // A FLUSH's work at the responder (core.hpp's flush_memory): false on an R_Key violation.
   virtual bool flush(uint32_t rkey, uint64_t va, uint32_t len, uint8_t type, uint8_t level) = 0;
+  // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
+  // when it cannot (the receive fails, IBA class J). By default nothing can be.
+  virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
 };
 
 // Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
@@ -209,6 +215,7 @@ class PacketQp {
   void go_back_to(uint32_t psn);
   void complete_head(ibv_wc_status status);
   void complete_send(const SendEntry& e, ibv_wc_status status);
+  void retire_local_ops();
   void check_drained();
 
   // completer.cpp

@@ -22,6 +22,7 @@ bool has_imm(ibv_wr_opcode op) {
 bool is_write(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
+bool is_local(ibv_wr_opcode op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   if (op == kWrFlush) return kWcFlush;  // not in the 44 headers' enum
@@ -32,6 +33,8 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_WRITE: return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
     default: return IBV_WC_SEND;
   }
 }
@@ -45,9 +48,11 @@ uint8_t segment_opcode(ibv_wr_opcode op, uint32_t k, uint32_t n) {
     if (last) return imm ? rw::kWriteLastImm : rw::kWriteLast;
     return rw::kWriteMiddle;
   }
-  if (first && last) return imm ? rw::kSendOnlyImm : rw::kSendOnly;
+  // SEND_WITH_INV: the IETH rides on the packet that ends the message.
+  const bool inv = op == IBV_WR_SEND_WITH_INV;
+  if (first && last) return inv ? rw::kSendOnlyInv : imm ? rw::kSendOnlyImm : rw::kSendOnly;
   if (first) return rw::kSendFirst;
-  if (last) return imm ? rw::kSendLastImm : rw::kSendLast;
+  if (last) return inv ? rw::kSendLastInv : imm ? rw::kSendLastImm : rw::kSendLast;
   return rw::kSendMiddle;
 }
 
@@ -67,7 +72,12 @@ int PacketQp::post_send(SendWqe wqe) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
     case IBV_WR_ATOMIC_WRITE:
+    case IBV_WR_SEND_WITH_INV:  // IBA has IETH opcodes for RC only
       if (type_ != QpType::kRc) return EINVAL;
+      break;
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+      if (type_ == QpType::kUd) return EINVAL;
       break;
     default:
       return EINVAL;
@@ -85,6 +95,7 @@ int PacketQp::post_send(SendWqe wqe) {
   SendEntry e;
   e.length = static_cast<uint32_t>(length);
   e.npkts = is_single_packet(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
+  if (is_local(wqe.opcode)) e.length = e.npkts = 0;  // no PSN: nothing goes on the wire
   e.wr = std::move(wqe);
   if (state_ == IBV_QPS_ERR || state_ == IBV_QPS_SQE) {
     complete_send(e, IBV_WC_WR_FLUSH_ERR);
@@ -98,6 +109,19 @@ int PacketQp::post_send(SendWqe wqe) {
   return 0;
 }
 
+// Local operations ran when they were posted; each completes as soon as it is the oldest
+// (an error one fails the QP, as any failed WQE does).
+void PacketQp::retire_local_ops() {
+  while (!sq_.empty() && is_local(sq_.front().wr.opcode)) {
+    ibv_wc_status status = sq_.front().wr.local_status;
+    if (status != IBV_WC_SUCCESS) {
+      fail_head(status);
+      return;
+    }
+    complete_head(IBV_WC_SUCCESS);
+  }
+}
+
 uint32_t PacketQp::cursor_psn() const {
   if (cursor_ >= sq_.size()) return next_psn_;
   return psn_add(sq_[cursor_].first_psn, cursor_pkt_);
@@ -108,9 +132,17 @@ uint32_t PacketQp::cursor_psn() const {
 void PacketQp::pump() {
   if ((state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD) || rnr_wait_) return;
   const bool rc = type_ == QpType::kRc;
+  retire_local_ops();
   while (cursor_ < sq_.size()) {
     SendEntry& e = sq_[cursor_];
     if (state_ == IBV_QPS_SQD && !e.started) break;
+    if (is_local(e.wr.opcode)) {  // nothing to send; retired in order
+      e.started = true;
+      ++cursor_;
+      cursor_pkt_ = 0;
+      retire_local_ops();
+      continue;
+    }
     const bool rd_atomic = is_rd_atomic(e.wr.opcode);
     uint32_t psn = psn_add(e.first_psn, cursor_pkt_);
     if (rc) {
@@ -136,7 +168,10 @@ void PacketQp::pump() {
       ++cursor_;
       cursor_pkt_ = 0;
       // UC and UD have no acknowledgements: a WQE is done once it is on the wire.
-      if (!rc) complete_head(IBV_WC_SUCCESS);
+      if (!rc) {
+        complete_head(IBV_WC_SUCCESS);
+        retire_local_ops();
+      }
     }
     if (rc && !timer_armed_) restart_retransmit_timer();
   }
@@ -201,6 +236,7 @@ void PacketQp::transmit(SendEntry& e, uint32_t k) {
       p.dma_len = e.length;
     }
     if (last && has_imm(w.opcode)) p.imm = w.imm;
+    if (last && w.opcode == IBV_WR_SEND_WITH_INV) p.inv_rkey = w.imm;
     if (last && (w.send_flags & IBV_SEND_SOLICITED) &&
         (!is_write(w.opcode) || has_imm(w.opcode)))
       p.solicited = true;

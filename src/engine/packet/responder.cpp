@@ -23,7 +23,7 @@ inline constexpr uint8_t kAckUnlimited = rw::kAethAck | 0x1f;  // ACK, credits u
 
 bool starts_message(uint8_t op) {
   switch (op) {
-    case rw::kSendFirst: case rw::kSendOnly: case rw::kSendOnlyImm:
+    case rw::kSendFirst: case rw::kSendOnly: case rw::kSendOnlyImm: case rw::kSendOnlyInv:
     case rw::kWriteFirst: case rw::kWriteOnly: case rw::kWriteOnlyImm:
     case rw::kReadRequest: case rw::kCompareSwap: case rw::kFetchAdd:
     case rw::kFlush: case rw::kAtomicWrite:
@@ -35,6 +35,7 @@ bool starts_message(uint8_t op) {
 bool ends_message(uint8_t op) {
   switch (op) {
     case rw::kSendLast: case rw::kSendLastImm: case rw::kSendOnly: case rw::kSendOnlyImm:
+    case rw::kSendLastInv: case rw::kSendOnlyInv:
     case rw::kWriteLast: case rw::kWriteLastImm: case rw::kWriteOnly: case rw::kWriteOnlyImm:
     case rw::kReadRequest: case rw::kCompareSwap: case rw::kFetchAdd:
     case rw::kFlush: case rw::kAtomicWrite:
@@ -43,7 +44,9 @@ bool ends_message(uint8_t op) {
       return false;
   }
 }
-bool is_send_op(uint8_t op) { return op <= rw::kSendOnlyImm; }
+// SEND_LAST/ONLY_WITH_INVALIDATE (0x16, 0x17) are sends too; only RC has them.
+bool carries_ieth(uint8_t op) { return op == rw::kSendLastInv || op == rw::kSendOnlyInv; }
+bool is_send_op(uint8_t op) { return op <= rw::kSendOnlyImm || carries_ieth(op); }
 bool is_write_op(uint8_t op) { return op >= rw::kWriteFirst && op <= rw::kWriteOnlyImm; }
 bool is_flush_or_atomic_write_op(uint8_t op) { return op == rw::kFlush || op == rw::kAtomicWrite; }
 bool carries_imm(uint8_t op) {
@@ -142,7 +145,8 @@ void PacketQp::execute(const Packet& pkt) {
 bool PacketQp::check_sequence(uint8_t op) const {
   switch (in_msg_) {
     case InMessage::kSend:
-      return op == rw::kSendMiddle || op == rw::kSendLast || op == rw::kSendLastImm;
+      return op == rw::kSendMiddle || op == rw::kSendLast || op == rw::kSendLastImm ||
+             op == rw::kSendLastInv;
     case InMessage::kWrite:
       return op == rw::kWriteMiddle || op == rw::kWriteLast || op == rw::kWriteLastImm;
     case InMessage::kNone:
@@ -191,6 +195,13 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
     return false;
   }
   recv_offset_ += pkt.payload_len;
+  if (carries_ieth(op) && !env_.invalidate_rkey(pkt.inv_rkey)) {
+    // The data is in; the R_Key is not ours to invalidate (rxe's "class J"): the receive
+    // fails and so does the QP; the requester hears Invalid Request.
+    complete_receive(IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, nullptr, 0, 0);
+    responder_fatal(rw::kNakInvalidRequest, psn, std::nullopt);
+    return false;
+  }
   if (ends_message(op)) {
     // src_qp: the connected peer, as the same-host transport reports it (ibv_poll_cq(3)
     // promises it for UD only; programs moving between the two must see the same).
@@ -432,6 +443,10 @@ void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint
     if (carries_imm(last->opcode & 0x1f)) {
       wc.imm_data = last->imm;
       wc.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if (carries_ieth(last->opcode & 0x1f)) {
+      wc.imm_data = last->inv_rkey;  // ibv_wc.invalidated_rkey shares it (host order)
+      wc.wc_flags |= IBV_WC_WITH_INV;
     }
     wc.solicited = last->solicited;
   }
