@@ -164,7 +164,9 @@ struct Cq {
   unsigned stamp_kinds = 0;      // CqeStamp::kRaw | kWall
   std::vector<CqeStamp> stamps;
   // ibv_start_poll .. ibv_end_poll (under consume_mu unless single_threaded): the entry at
-  // `head` is the current one while `poll_current`.
+  // `head` is the current one while `poll_current`; the pass ends at `poll_end`, the tail
+  // start_poll saw.
+  uint64_t poll_end = 0;
   bool polling = false;
   bool poll_current = false;
 
