@@ -40,7 +40,9 @@ CqeStamp take_stamp(unsigned kinds) {
   return s;
 }
 
-bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp& stamp) {
+// `held`: the stamp of a completion that was held back (defer_completions), else nullptr:
+// it is taken here, under the lock, so that stamps follow the ring's order.
+bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held) {
   bool fire = false, failed = false, first_failure = false;
   {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
@@ -57,7 +59,14 @@ bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp& stamp) {
     } else {
       const uint64_t slot = tail & (cq->ring.size() - 1);
       cq->ring[slot] = wc;
-      if (cq->stamp_kinds) cq->stamps[slot] = stamp;
+      if (cq->stamp_kinds) {
+        CqeStamp stamp = held ? *held : take_stamp(cq->stamp_kinds);
+        // A held-back completion was generated before others that went in meanwhile: its
+        // raw stamp is raised to theirs, so that completion_ts never goes back in a CQ.
+        if (stamp.raw < cq->last_raw) stamp.raw = cq->last_raw;
+        cq->last_raw = stamp.raw;
+        cq->stamps[slot] = stamp;
+      }
       cq->tail.store(tail + 1, std::memory_order_release);
       fire = cq_disarm_for(cq, solicited || wc.status != IBV_WC_SUCCESS) &&
              cq->channel != nullptr && !cq->destroying;
@@ -82,7 +91,7 @@ void defer_completions(bool on) {
   }
   t_deferred = nullptr;
   for (const DeferredCqe& d : held) {
-    push_now(d.cq, d.wc, d.solicited, d.stamp);
+    push_now(d.cq, d.wc, d.solicited, &d.stamp);
     d.cq->held_back.fetch_sub(1, std::memory_order_release);
   }
   held.clear();
@@ -91,14 +100,14 @@ void defer_completions(bool on) {
 bool completions_deferred() { return t_deferred != nullptr; }
 
 bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
-  CqeStamp stamp;
-  if (cq->stamp_kinds) stamp = take_stamp(cq->stamp_kinds);
   if (t_deferred) {
     cq->held_back.fetch_add(1, std::memory_order_relaxed);
+    CqeStamp stamp;
+    if (cq->stamp_kinds) stamp = take_stamp(cq->stamp_kinds);
     t_deferred->push_back({cq, wc, solicited, stamp});
     return true;
   }
-  return push_now(cq, wc, solicited, stamp);
+  return push_now(cq, wc, solicited, nullptr);
 }
 
 void cq_purge_qp(Cq* cq, uint32_t qpn) {

@@ -163,6 +163,7 @@ struct Cq {
   // empty unless wc_flags asks for one of them (the ring of ibv_wc stays as it is).
   unsigned stamp_kinds = 0;      // CqeStamp::kRaw | kWall
   std::vector<CqeStamp> stamps;
+  uint64_t last_raw = 0;  // the newest raw stamp in the ring (under produce_mu)
   // ibv_start_poll .. ibv_end_poll (under consume_mu unless single_threaded): the entry at
   // `head` is the current one while `poll_current`; the pass ends at `poll_end`, the tail
   // start_poll saw.
