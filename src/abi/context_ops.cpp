@@ -90,9 +90,40 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   // plus (ex-qp) IBA 1.5's ATOMIC WRITE and FLUSH (both placement types), the bits librpma tests.
   full.device_cap_flags_ex = static_cast<uint32_t>(full.orig_attr.device_cap_flags);
   full.device_cap_flags_ex |= kDeviceAtomicWrite | kDeviceFlushGlobal | kDeviceFlushPersistent;
+  // Extended CQs: completion timestamps and their clock, no CQ moderation (ex-cq).
+  fill_cq_ex_attr(&full);
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
+
+// ---- Extended CQs, ibv_modify_cq, ibv_query_rt_values_ex, ibv_create_srq_ex (ex-cq) ----
+ibv_cq_ex* op_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return create_cq_ex(ctx, attr);
+}
+
+int op_modify_cq(ibv_cq* cq, ibv_modify_cq_attr* attr) {
+  Cq* c = Cq::from(cq);
+  return c ? modify_cq(c, attr) : EINVAL;
+}
+
+int op_query_rt_values(ibv_context* context, ibv_values_ex* values) {
+  return Context::from(context) ? query_rt_values(values) : EINVAL;
+}
+
+ibv_srq* op_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return create_srq_ex(ctx, attr);
+}
+// ---- end of ex-cq ops ----
 
 // ---- memory windows (verbs/mw.cpp) ----------------------------------------------------
 // <infiniband/verbs.h> inlines reach these: ibv_alloc_mw, ibv_bind_mw (after its own type,
@@ -233,15 +264,15 @@ void fill_context_ops(Context* ctx) {
   unsupported(v.alloc_parent_domain);
   unsupported(v.dealloc_td);
   unsupported(v.alloc_td);
-  unsupported(v.modify_cq);
+  v.modify_cq = &op_modify_cq;  // ex-cq
   unsupported(v.post_srq_ops);
   unsupported(v.destroy_rwq_ind_table);
   unsupported(v.create_rwq_ind_table);
   unsupported(v.destroy_wq);
   unsupported(v.modify_wq);
   unsupported(v.create_wq);
-  unsupported(v.query_rt_values);
-  unsupported(v.create_cq_ex);
+  v.query_rt_values = &op_query_rt_values;  // ex-cq
+  v.create_cq_ex = &op_create_cq_ex;        // ex-cq
   v.priv = nullptr;
   v.query_device_ex = &op_query_device_ex;
   unsupported(v.ibv_destroy_flow);
@@ -252,7 +283,7 @@ void fill_context_ops(Context* ctx) {
   unsupported(v.open_qp);
   v.create_qp_ex = &op_create_qp_ex;
   unsupported(v.get_srq_num);
-  unsupported(v.create_srq_ex);
+  v.create_srq_ex = &op_create_srq_ex;  // ex-cq
   unsupported(v.open_xrcd);
   unsupported(v.close_xrcd);
   v.sz = sizeof(verbs_context);

@@ -2,6 +2,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/completion_clock.hpp"
 #include "core/core.hpp"
 
 namespace softverbs {
@@ -25,36 +26,23 @@ struct DeferredCqe {
   Cq* cq;
   ibv_wc wc;
   bool solicited;
+  CqeStamp stamp;  // taken when it was generated, not when it is let through
 };
 // Read on every completion: initial-exec, so that reading it is one load, not a call to
 // __tls_get_addr (a pointer fits in the static TLS glibc keeps for libraries loaded later).
 __attribute__((tls_model("initial-exec"))) thread_local std::vector<DeferredCqe>* t_deferred =
     nullptr;
-}  // namespace
 
-void defer_completions(bool on) {
-  static thread_local std::vector<DeferredCqe> held;
-  if (on) {
-    held.clear();
-    t_deferred = &held;
-    return;
-  }
-  t_deferred = nullptr;
-  for (const DeferredCqe& d : held) {
-    cq_push(d.cq, d.wc, d.solicited);
-    d.cq->held_back.fetch_sub(1, std::memory_order_release);
-  }
-  held.clear();
+CqeStamp take_stamp(unsigned kinds) {
+  CqeStamp s;
+  if (kinds & CqeStamp::kRaw) s.raw = completion_clock_now();
+  if (kinds & CqeStamp::kWall) s.wall = wallclock_now_ns();
+  return s;
 }
 
-bool completions_deferred() { return t_deferred != nullptr; }
-
-bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
-  if (t_deferred) {
-    cq->held_back.fetch_add(1, std::memory_order_relaxed);
-    t_deferred->push_back({cq, wc, solicited});
-    return true;
-  }
+// `held`: the stamp of a completion that was held back (defer_completions), else nullptr:
+// it is taken here, under the lock, so that stamps follow the ring's order.
+bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held) {
   bool fire = false, failed = false, first_failure = false;
   {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
@@ -63,10 +51,22 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
     if (cq->in_error.load(std::memory_order_relaxed)) {
       failed = true;
     } else if (tail - head >= cq->capacity) {
+      // IGNORE_OVERRUN: the CQ stays usable and the completion is lost, as on a NIC that
+      // was told not to check (what is already queued is not overwritten).
+      if (cq->ignore_overrun) return false;
       cq->in_error.store(true);
       failed = first_failure = true;
     } else {
-      cq->ring[tail & (cq->ring.size() - 1)] = wc;
+      const uint64_t slot = tail & (cq->ring.size() - 1);
+      cq->ring[slot] = wc;
+      if (cq->stamp_kinds) {
+        CqeStamp stamp = held ? *held : take_stamp(cq->stamp_kinds);
+        // A held-back completion was generated before others that went in meanwhile: its
+        // raw stamp is raised to theirs, so that completion_ts never goes back in a CQ.
+        if (stamp.raw < cq->last_raw) stamp.raw = cq->last_raw;
+        cq->last_raw = stamp.raw;
+        cq->stamps[slot] = stamp;
+      }
       cq->tail.store(tail + 1, std::memory_order_release);
       fire = cq_disarm_for(cq, solicited || wc.status != IBV_WC_SUCCESS) &&
              cq->channel != nullptr && !cq->destroying;
@@ -80,6 +80,36 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
   return true;
 }
 
+}  // namespace
+
+void defer_completions(bool on) {
+  static thread_local std::vector<DeferredCqe> held;
+  if (on) {
+    held.clear();
+    t_deferred = &held;
+    return;
+  }
+  t_deferred = nullptr;
+  for (const DeferredCqe& d : held) {
+    push_now(d.cq, d.wc, d.solicited, &d.stamp);
+    d.cq->held_back.fetch_sub(1, std::memory_order_release);
+  }
+  held.clear();
+}
+
+bool completions_deferred() { return t_deferred != nullptr; }
+
+bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited) {
+  if (t_deferred) {
+    cq->held_back.fetch_add(1, std::memory_order_relaxed);
+    CqeStamp stamp;
+    if (cq->stamp_kinds) stamp = take_stamp(cq->stamp_kinds);
+    t_deferred->push_back({cq, wc, solicited, stamp});
+    return true;
+  }
+  return push_now(cq, wc, solicited, nullptr);
+}
+
 void cq_purge_qp(Cq* cq, uint32_t qpn) {
   std::lock_guard<SpinLock> p(cq->produce_mu);
   std::lock_guard<SpinLock> c(cq->consume_mu);
@@ -88,7 +118,9 @@ void cq_purge_qp(Cq* cq, uint32_t qpn) {
   uint64_t kept = head;
   for (uint64_t i = head; i != tail; ++i) {
     const ibv_wc& wc = cq->ring[i & mask];
-    if (wc.qp_num != qpn) cq->ring[kept++ & mask] = wc;
+    if (wc.qp_num == qpn) continue;
+    if (cq->stamp_kinds) cq->stamps[kept & mask] = cq->stamps[i & mask];
+    cq->ring[kept++ & mask] = wc;
   }
   cq->tail.store(kept, std::memory_order_release);
 }

@@ -124,6 +124,14 @@ struct CompChannel {
 };
 
 
+// A completion's timestamps (ibv_wc_read_completion_ts / _wallclock_ns), taken only for
+// the kinds its CQ asked for.
+struct CqeStamp {
+  static constexpr unsigned kRaw = 1, kWall = 2;
+  uint64_t raw = 0;   // the completion clock (core/completion_clock.hpp)
+  uint64_t wall = 0;  // CLOCK_REALTIME, ns
+};
+
 struct Cq {
   ibv_cq_ex ibv;  // ibv_cq prefix; cq_ex so that later extended CQs share the layout
   uint32_t magic = kCqMagic;
@@ -170,6 +178,22 @@ struct Cq {
   // Events handed out by ibv_get_cq_event / ibv_get_async_event (under ibv.mutex).
   uint32_t comp_events_reported = 0;
   uint32_t async_events_reported = 0;
+
+  // What ibv_create_cq_ex asked for (verbs/cq_ex.cpp); a plain CQ has none of it.
+  uint64_t wc_flags = 0;         // IBV_WC_EX_WITH_*
+  bool ignore_overrun = false;   // IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: a full CQ drops the new one
+  bool single_threaded = false;  // IBV_CREATE_CQ_ATTR_SINGLE_THREADED: the poll API takes no lock
+  // Completion timestamps, one per ring slot, taken when the completion is generated;
+  // empty unless wc_flags asks for one of them (the ring of ibv_wc stays as it is).
+  unsigned stamp_kinds = 0;      // CqeStamp::kRaw | kWall
+  std::vector<CqeStamp> stamps;
+  uint64_t last_raw = 0;  // the newest raw stamp in the ring (under produce_mu)
+  // ibv_start_poll .. ibv_end_poll (under consume_mu unless single_threaded): the entry at
+  // `head` is the current one while `poll_current`; the pass ends at `poll_end`, the tail
+  // start_poll saw.
+  uint64_t poll_end = 0;
+  bool polling = false;
+  bool poll_current = false;
 
   ibv_cq* cq() { return ibv_cq_ex_to_cq(&ibv); }
   static Cq* from(ibv_cq* c);

@@ -112,9 +112,14 @@ int resize_cq(Cq* cq, int cqe) {
   // ibv_resize_cq(3): the request itself must hold the unpolled completions.
   if (static_cast<uint64_t>(cqe) < used) return EINVAL;
   std::vector<ibv_wc> ring(size);
+  std::vector<CqeStamp> stamps(cq->stamp_kinds ? size : 0);
   uint64_t old_mask = cq->ring.size() - 1;
-  for (uint64_t i = 0; i < used; ++i) ring[i] = cq->ring[(head + i) & old_mask];
+  for (uint64_t i = 0; i < used; ++i) {
+    ring[i] = cq->ring[(head + i) & old_mask];
+    if (cq->stamp_kinds) stamps[i] = cq->stamps[(head + i) & old_mask];
+  }
   cq->ring.swap(ring);
+  cq->stamps.swap(stamps);
   cq->capacity = size - 1;
   cq->head.store(0);
   cq->tail.store(used);
@@ -161,31 +166,52 @@ int destroy_cq(Cq* cq) {
   return 0;
 }
 
-int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
-  // Messages that peers left in receive windows become completions now (they ring the
-  // CQ's doorbell after each one, so an idle CQ costs one more load).
-  if (cq->has_inbound.load(std::memory_order_relaxed)) {
-    if (const wire::WindowSlot* slots = cq->solo_slots.load(std::memory_order_acquire)) {
-      uint64_t head = cq->solo_head.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
-      if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1) {
-        if (num_entries > 0)
-          if (int n = engine::drain_solo_into(cq, num_entries, wc)) return n;
-        engine::drain_inbound(cq);
-      }
-    } else {
-      uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
-      if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {
-        cq->doorbell_seen.store(bell, std::memory_order_relaxed);
-        engine::drain_inbound(cq);
-      }
+namespace {
+
+// Messages that peers left in receive windows become completions now (they ring the CQ's
+// doorbell after each one, so an idle CQ costs one more load). With `wc` (ibv_poll_cq's
+// array), a CQ fed by one window may land them straight in it: returns how many did.
+int take_inbound(Cq* cq, int max, ibv_wc* wc) {
+  if (!cq->has_inbound.load(std::memory_order_relaxed)) return 0;
+  if (const wire::WindowSlot* slots = cq->solo_slots.load(std::memory_order_acquire)) {
+    uint64_t head = cq->solo_head.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
+    if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1) {
+      if (wc && max > 0)
+        if (int n = engine::drain_solo_into(cq, max, wc)) return n;
+      engine::drain_inbound(cq);
+    }
+  } else {
+    uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
+    if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {
+      cq->doorbell_seen.store(bell, std::memory_order_relaxed);
+      engine::drain_inbound(cq);
     }
   }
+  return 0;
+}
+
+// The ring's tail, after packets from the wire were received here when the ring is empty
+// and the caller wants completions (`want`).
+uint64_t take_wire(Cq* cq, bool want) {
   // An empty CQ costs one shared load (tail) and one private one (head).
   uint64_t tail = cq->tail.load(std::memory_order_acquire);
-  const bool roce = num_entries > 0 && cq->roce_fed.load(std::memory_order_relaxed);
+  const bool roce = want && cq->roce_fed.load(std::memory_order_relaxed);
   if (roce && tail == cq->head.load(std::memory_order_relaxed) && engine::roce_poll())
     tail = cq->tail.load(std::memory_order_acquire);  // packets from the wire, received here
   if (roce) engine::roce_poll_result(tail != cq->head.load(std::memory_order_relaxed));
+  return tail;
+}
+
+}  // namespace
+
+uint64_t cq_gather(Cq* cq) {
+  take_inbound(cq, 0, nullptr);
+  return take_wire(cq, true);
+}
+
+int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
+  if (int n = take_inbound(cq, num_entries, wc)) return n;
+  uint64_t tail = take_wire(cq, num_entries > 0);
   if (tail == cq->head.load(std::memory_order_relaxed) || num_entries <= 0) {
     if (num_entries < 0) return -1;
     return cq->in_error.load(std::memory_order_relaxed) ? -1 : 0;

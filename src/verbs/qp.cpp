@@ -672,6 +672,32 @@ ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
   return &srq->ibv;
 }
 
+ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* ex) {
+  if (!ex || (ex->comp_mask & ~uint32_t(IBV_SRQ_INIT_ATTR_RESERVED - 1))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  const ibv_srq_type type =
+      (ex->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? ex->srq_type : IBV_SRQT_BASIC;
+  // XRC SRQs wait for XRC domains; tag matching is not implemented.
+  if (type != IBV_SRQT_BASIC || (ex->comp_mask & IBV_SRQ_INIT_ATTR_TM)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // A basic SRQ has no XRC domain or CQ: those attributes are ignored, as the kernel does.
+  Pd* pd = (ex->comp_mask & IBV_SRQ_INIT_ATTR_PD) ? Pd::from(ex->pd) : nullptr;
+  if (!pd || pd->ctx != ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_srq_init_attr init{};
+  init.srq_context = ex->srq_context;
+  init.attr = ex->attr;
+  ibv_srq* srq = create_srq(pd, &init);
+  if (srq) ex->attr = init.attr;
+  return srq;
+}
+
 int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask) {
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
   std::lock_guard<QueueMutex> lock(srq->mu);

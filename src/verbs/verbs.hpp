@@ -66,6 +66,18 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc);
 int req_notify_cq(Cq* cq, int solicited_only);
 int get_cq_event(CompChannel* ch, ibv_cq** cq, void** cq_context);
 void ack_cq_events(Cq* cq, unsigned int nevents);
+// How ibv_poll_cq and ibv_start_poll both begin: what waits outside the ring (receive
+// windows; the wire, when the ring is empty) becomes completions in it. Returns the tail.
+uint64_t cq_gather(Cq* cq);
+
+// Extended CQs (verbs/cq_ex.cpp): the same Cq, its ring, events and overrun, read through
+// the ibv_cq_ex poll API as well as ibv_poll_cq.
+ibv_cq_ex* create_cq_ex(Context* ctx, const ibv_cq_init_attr_ex* attr);
+int modify_cq(Cq* cq, const ibv_modify_cq_attr* attr);  // EOPNOTSUPP: no moderation
+// ibv_query_rt_values_ex: the completion clock now (IBV_VALUES_MASK_RAW_CLOCK).
+int query_rt_values(ibv_values_ex* values);
+// What ibv_query_device_ex reports about extended CQs (timestamps, moderation).
+void fill_cq_ex_attr(ibv_device_attr_ex* attr);
 
 // SRQ
 ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* attr);
@@ -73,6 +85,8 @@ int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask);
 int query_srq(Srq* srq, ibv_srq_attr* attr);
 int destroy_srq(Srq* srq);
 int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// ibv_create_srq_ex: a basic SRQ (XRC and tag-matching SRQs: EOPNOTSUPP).
+ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* attr);
 
 // QP
 ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);

@@ -105,6 +105,7 @@ for side in srv cli; do
     check "$name saw no corrupted payload" "! side_has $side 'invalid data'"
   fi
 done
+((perftest)) || check_timestamps "${options[@]}"
 ((perftest)) &&
   check "client reports a result line for $iters iterations" \
     "side_has cli '^[[:space:]]*[0-9]+[[:space:]]+${iters}[[:space:]]+[^[:space:]]'"

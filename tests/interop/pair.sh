@@ -274,3 +274,23 @@ pair_no_crash() {
       <<<"${!out_var}${!err_var}" || return 1
   done
 }
+
+# check_timestamps OPTIONS...: with -t among them (ibv_rc_pingpong: receives on an extended
+# CQ with completion timestamps, read with ibv_start_poll/ibv_next_poll), checks that each
+# side printed the spread of its receive timestamps, and that none stepped back: the program
+# prints the 64-bit gaps with %u, so a step back would show as about 2^32 (10 digits).
+check_timestamps() {
+  [[ " $* " == *" -t "* ]] || return 0
+  local side name what
+  for side in srv cli; do
+    name=$([[ $side == srv ]] && echo server || echo client)
+    for what in Max Min; do
+      check "$name reports the $what gap between receive timestamps" \
+        "side_has $side '^$what receive completion clock cycles = [0-9]+\$'"
+    done
+    check "$name reports the average gap" \
+      "side_has $side '^Average receive completion clock cycles = [0-9]+\\.[0-9]+\$'"
+    check "$name's timestamps move forward (no gap of 1 s or more)" \
+      "! side_has $side '^Max receive completion clock cycles = [0-9]{10,}\$'"
+  done
+}

@@ -27,6 +27,7 @@ for side in srv cli; do
     "side_has $side '^$iters iters in [0-9]+\\.[0-9]{2} seconds = [0-9]+\\.[0-9]{2} usec/iter\$'"
   check "$name saw no corrupted payload" "! side_has $side 'invalid data'"
 done
+check_timestamps "${args[@]}"
 check "server and client QPs have different numbers" distinct_qpns
 check "no crash, no sanitizer report" pair_no_crash
 finish
