@@ -45,7 +45,9 @@ struct Record {
 };
 static_assert(sizeof(FileHeader) == 32 && sizeof(Record) == 48);
 
-std::vector<ib::Cm::Established> g_published;  // what our file says
+// What our file says. Never destroyed: the service thread may still use it while the process
+// exits (a global's destructor would free it under that thread: ASan, hosts.cm.*).
+std::vector<ib::Cm::Established>& g_published = *new std::vector<ib::Cm::Established>;
 ib::Time g_next_scan = 0;
 
 std::string file_of(long pid) { return state_dir() + "/" + kPrefix + std::to_string(pid); }

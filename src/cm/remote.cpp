@@ -556,7 +556,8 @@ struct Resolution {
   ib::Time next_poll;
   int polls = 0;
 };
-std::vector<Resolution> g_resolutions;  // under g_mu
+// Under g_mu. Never destroyed: the service thread may still use it while the process exits.
+std::vector<Resolution>& g_resolutions = *new std::vector<Resolution>;
 
 // The id is resolved: its device and source (a wildcard-bound id takes the route's, keeping
 // its port), the peer's GID, the path MTU; ADDR_RESOLVED.
