@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "common/verbs_ext.hpp"
 #include "core/core.hpp"
+#include "wire/roce/grh.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {
@@ -164,6 +165,7 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
       // never received: the WQE stays for the retry, or for the flush.
       if (!wire::copy_from_requester(req, dst + i, ndst - i, len)) return {Outcome::NoResponse};
       wc.wc_flags |= IBV_WC_GRH;
+      wc.sl = wire::roce::grh_slot_l3_type(grh);  // what the slot holds, as ConnectX says
     } else if (!wire::copy_from_requester(req, dst, ndst, len)) {
       return {Outcome::NoResponse};
     }

@@ -401,6 +401,7 @@ struct RoceLink final : packet::Env {
     wc.src_qp = c.src_qp;
     wc.wc_flags = c.wc_flags;
     wc.pkey_index = c.pkey_index;
+    wc.sl = c.sl;  // UD: the GRH slot's L3 header type (wire/roce/grh.hpp)
     if (c.status != IBV_WC_SUCCESS) {  // ibv_poll_cq(3): on error only these are valid
       wc.opcode = {};
       wc.byte_len = wc.imm_data = wc.src_qp = wc.wc_flags = 0;

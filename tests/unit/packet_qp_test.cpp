@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 
 #include "packet_link.hpp"
+#include "wire/roce/grh.hpp"
 
 namespace softverbs::unit {
 namespace {
@@ -798,6 +799,34 @@ TEST(PacketQp, UdQkeySrcQpGrhAndMtu) {
   EXPECT_EQ(std::memcmp(p.b.mem.data() + 40, p.a.mem.data(), 2048), 0);
   EXPECT_EQ(p.b.rcq[1].byte_len, 60u);
   EXPECT_EQ(p.a.scq.size(), 3u);
+}
+
+// RoCE v2 UD: the completion's SL says what the GRH slot holds (wire/roce/grh.hpp), as
+// ConnectX does; UCX's UD reads it to find the destination address in the slot.
+TEST(PacketQp, UdReceiveSlSaysWhatTheGrhSlotHolds) {
+  Connection c;
+  Pair p(pk::QpType::kUd, c);
+  p.link.deliver = false;  // delivered by hand below, with a GRH slot image
+  for (int i = 0; i < 3; ++i) p.b.post_recv(i, 256 * i, 256);
+  pk::SendWqe w = wqe(1, IBV_WR_SEND, {p.a.iov(0, 8)});
+  w.remote_qpn = p.b.qp.qp_num();
+  w.remote_qkey = c.qkey;
+  ASSERT_EQ(p.a.qp.post_send(w), 0);
+  ASSERT_EQ(p.a.sent.size(), 1u);
+  pk::Packet pkt = p.a.sent[0].pkt;
+  pkt.payload = p.a.sent[0].payload.data();
+  uint8_t v4[40] = {}, v6[40] = {};
+  v4[20] = 0x45;  // an IPv4 header in the second half
+  v6[0] = 0x60;   // an IPv6 header
+  v6[20] = 0x45;  // a source GID byte that looks like an IPv4 header start
+  p.b.qp.on_packet(pkt, v4);
+  p.b.qp.on_packet(pkt, v6);
+  p.b.qp.on_packet(pkt);  // no GRH image: zeros
+  ASSERT_EQ(p.b.rcq.size(), 3u);
+  EXPECT_EQ(p.b.rcq[0].sl, rw::kL3Ipv4);
+  EXPECT_EQ(p.b.rcq[1].sl, rw::kL3Ipv6);
+  EXPECT_EQ(p.b.rcq[2].sl, rw::kL3Grh);
+  EXPECT_EQ(p.b.mem[20], 0x45);
 }
 
 TEST(PacketQp, CommEstWhenTheFirstPacketArrivesInRtr) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "qp_support.hpp"
+#include "wire/roce/grh.hpp"
 
 namespace softverbs::unit {
 namespace {
@@ -145,6 +146,21 @@ TEST_F(UdPairTest, SendCarriesAGrhSlotAndTheSource) {
   EXPECT_EQ(r.src_qp, a->qpn());
   EXPECT_EQ(r.qp_num, b->qpn());
   EXPECT_STREQ(reinterpret_cast<char*>(buf_b.data() + kGrhBytes), "datagram");
+}
+
+// Over the same host too, the GRH slot is what a RoCE v2 NIC gives for the AH's IPv4-mapped
+// GIDs (an IPv4 header in its last 20 bytes, the destination address last), and the
+// completion's SL says so (wire/roce/grh.hpp): UCX's UD looks for its own address there.
+TEST_F(UdPairTest, GrhSlotHoldsAnIpv4HeaderAndSlSaysSo) {
+  ASSERT_EQ(post_one_recv(b, 1, buf_b.data(), kGrhBytes + 64, mr_b->ibv.lkey), 0);
+  ASSERT_EQ(SendWr(2, IBV_WR_SEND, buf_a.data(), 4, mr_a->ibv.lkey).ud(ah, b->qpn()).post(a), 0);
+  ibv_wc r = one(cq_b);
+  ASSERT_EQ(r.status, IBV_WC_SUCCESS) << status_name(r.status);
+  EXPECT_EQ(r.sl, wire::roce::kL3Ipv4);
+  const uint8_t* slot = buf_b.data();
+  EXPECT_EQ(slot[20], 0x45) << "IPv4, 20-byte header";
+  const ibv_gid& dgid = Device::instance().gids()[0].gid;  // ::ffff:127.0.0.1
+  EXPECT_EQ(std::memcmp(slot + 36, dgid.raw + 12, 4), 0) << "destination address";
 }
 
 TEST_F(UdPairTest, SendWithImmediate) {

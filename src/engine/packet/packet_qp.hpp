@@ -104,7 +104,7 @@ struct Completion {
   unsigned wc_flags = 0;  // IBV_WC_WITH_IMM, IBV_WC_GRH
   uint16_t pkey_index = 0;
   uint16_t slid = 0;
-  uint8_t sl = 0;
+  uint8_t sl = 0;  // UD: the GRH slot's L3 header type (wire/roce/grh.hpp)
   uint8_t dlid_path_bits = 0;
   bool solicited = false;
 };
@@ -248,7 +248,7 @@ class PacketQp {
   void send_atomic_ack(uint32_t psn, uint64_t orig);
   bool hold_receive();
   void complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
-                        const Packet* last, uint32_t src_qp, unsigned flags);
+                        const Packet* last, uint32_t src_qp, unsigned flags, uint8_t sl = 0);
   void send_ack(uint8_t syndrome, uint32_t psn);
   void responder_fatal(uint8_t nak_code, uint32_t psn, std::optional<ibv_event_type> event);
   void drop_message();

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "engine/packet/packet_qp.hpp"
+#include "wire/roce/grh.hpp"
 
 namespace softverbs::engine::packet {
 
@@ -425,12 +426,13 @@ void PacketQp::on_ud_request(const Packet& pkt, const uint8_t* grh) {
   scatter(recv_->sg, 0, grh ? grh : kNoGrh, kGrhBytes);
   scatter(recv_->sg, kGrhBytes, pkt.payload, n);
   complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, kGrhBytes + n, &pkt, pkt.src_qp & kPsnMask,
-                   IBV_WC_GRH);
+                   IBV_WC_GRH, rw::grh_slot_l3_type(grh ? grh : kNoGrh));
 }
 
 // Completes the held receive WQE; `last` is the packet that ended the message.
 void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
-                                const Packet* last, uint32_t src_qp, unsigned flags) {
+                                const Packet* last, uint32_t src_qp, unsigned flags,
+                                uint8_t sl) {
   Completion wc;
   wc.wr_id = recv_->wr_id;
   wc.status = status;
@@ -439,6 +441,7 @@ void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint
   wc.qp_num = qp_num_;
   wc.src_qp = src_qp;
   wc.wc_flags = flags;
+  wc.sl = sl;
   if (last) {
     if (carries_imm(last->opcode & 0x1f)) {
       wc.imm_data = last->imm;
