@@ -293,6 +293,87 @@ TEST(PacketQp, TimeoutZeroNeverRetransmits) {
   EXPECT_TRUE(p.a.scq.empty());
 }
 
+// The peer's QP is still in INIT when the first request comes (it drops it, as a QP
+// before RTR does) and nothing else happens: only the local ACK timeout resends it.
+void first_send_to_a_peer_in_init(Node& a, Node& b, Link& link, const Connection& c) {
+  ibv_qp_attr init{};
+  init.qp_state = IBV_QPS_INIT;
+  ASSERT_EQ(b.qp.modify(init, IBV_QP_STATE), 0);
+  b.post_recv(7, 0, 100);
+  const uint64_t start = link.now;
+  ASSERT_EQ(a.qp.post_send(wqe(1, IBV_WR_SEND, {a.iov(0, 100)})), 0);
+  ASSERT_TRUE(a.timer_on) << "the only outstanding packet has no timer";
+  EXPECT_EQ(a.timer_at, start + pk::ack_timeout_ns(c.timeout));
+  link.run_for(pk::ack_timeout_ns(c.timeout) / 2);  // delivered and dropped: silence
+  EXPECT_EQ(count_opcode(a, rw::kSendOnly), 1);
+  EXPECT_TRUE(b.sent.empty());
+  link.run_for(pk::ack_timeout_ns(c.timeout));  // the timeout: sent again, dropped again
+  EXPECT_EQ(count_opcode(a, rw::kSendOnly), 2);
+  bring_up(b, a, c.psn_b, c.psn_a, c);  // the peer is ready now: the next resend lands
+  ASSERT_TRUE(link.run([&] { return a.scq.size() == 1; }));
+  EXPECT_EQ(a.scq[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(count_opcode(a, rw::kSendOnly), 3);
+  ASSERT_EQ(b.rcq.size(), 1u);
+  EXPECT_EQ(b.rcq[0].wr_id, 7u);
+}
+
+TEST(PacketQp, AFirstSendDroppedByAPeerInInitIsResentOnTimeout) {
+  Connection c;
+  Link link;
+  Node a(link, 0, pk::QpType::kRc, 0x11, 1 << 16), b(link, 1, pk::QpType::kRc, 0x22, 1 << 16);
+  link.nodes = {&a, &b};
+  bring_up(a, b, c.psn_a, c.psn_b, c);
+  first_send_to_a_peer_in_init(a, b, link, c);
+}
+
+// The same after the requester's QP (same QPN) had a life that ended in ERR with a
+// retransmission pending, then went through RESET: nothing of the old timer is left over.
+TEST(PacketQp, AFirstSendIsResentOnTimeoutAfterTheQpFailedAndWasReset) {
+  Connection c;
+  Link link;
+  Node a(link, 0, pk::QpType::kRc, 0x11, 1 << 16), b(link, 1, pk::QpType::kRc, 0x22, 1 << 16);
+  link.nodes = {&a, &b};
+  bring_up(a, b, c.psn_a, c.psn_b, c);
+  link.deliver = false;  // the old peer is gone: the old life retries, then fails
+  ASSERT_EQ(a.qp.post_send(wqe(9, IBV_WR_SEND, {a.iov(0, 100)})), 0);
+  ASSERT_TRUE(link.run([&] { return a.scq.size() == 1; }));
+  EXPECT_EQ(a.scq[0].status, IBV_WC_RETRY_EXC_ERR);
+  ASSERT_EQ(a.qp.state(), IBV_QPS_ERR);
+  ASSERT_EQ(a.qp.post_send(wqe(10, IBV_WR_SEND, {a.iov(0, 100)})), 0);  // flushed at once
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(a.qp.modify(reset, IBV_QP_STATE), 0);
+  EXPECT_FALSE(a.timer_on);
+  a.scq.clear();
+  a.sent.clear();
+  link.deliver = true;
+  link.run_for(pk::ack_timeout_ns(c.timeout) * 4);
+  c.psn_a = 7000;
+  bring_up(a, b, c.psn_a, c.psn_b, c);
+  first_send_to_a_peer_in_init(a, b, link, c);
+}
+
+// With nobody ever answering, the dropped first request is sent 1 + retry_cnt times, a
+// timeout apart, then fails with RETRY_EXC_ERR.
+TEST(PacketQp, AFirstSendToAPeerThatStaysInInitEndsInRetryExceeded) {
+  Connection c;
+  c.retry_cnt = 3;
+  Link link;
+  Node a(link, 0, pk::QpType::kRc, 0x11, 1 << 16), b(link, 1, pk::QpType::kRc, 0x22, 1 << 16);
+  link.nodes = {&a, &b};
+  bring_up(a, b, c.psn_a, c.psn_b, c);
+  ibv_qp_attr init{};
+  init.qp_state = IBV_QPS_INIT;
+  ASSERT_EQ(b.qp.modify(init, IBV_QP_STATE), 0);
+  ASSERT_EQ(a.qp.post_send(wqe(1, IBV_WR_SEND, {a.iov(0, 100)})), 0);
+  ASSERT_TRUE(link.run([&] { return a.scq.size() == 1; }));
+  EXPECT_EQ(a.scq[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(count_opcode(a, rw::kSendOnly), 1 + c.retry_cnt);
+  EXPECT_EQ(link.now, uint64_t(1 + c.retry_cnt) * pk::ack_timeout_ns(c.timeout));
+  EXPECT_EQ(a.qp.state(), IBV_QPS_ERR);
+  EXPECT_TRUE(b.sent.empty());
+}
+
 TEST(PacketQp, LostAckIsRecoveredByTheTimerAndTheDuplicateIsReAcked) {
   Pair p;
   p.b.post_recv(1, 0, 8192);

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -512,6 +513,33 @@ TEST(RocePort, TimersFireInOrderAndCancelledOnesDoNot) {
   std::this_thread::sleep_for(150ms);
   std::lock_guard<std::mutex> lock(inbox.mu);
   EXPECT_EQ(inbox.timers, (std::vector<uint64_t>{5, 3, 1, 2}));
+}
+
+// The last user closes the port while a timer is still pending (the parked socket's
+// recheck, which stays scheduled); the next user opens it again with a fresh timerfd, which
+// must be set: a QP's retransmit timer scheduled then has to fire.
+TEST(RocePort, TimersFireAfterThePortIsClosedWithOnePendingAndOpenedAgain) {
+  Inbox inbox;
+  TempStateDir dir;
+  Port port({free_udp_port(), 3, dir.path}, nullptr, [&](uint64_t id) {
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    inbox.timers.push_back(id);
+  });
+  auto fired = [&](uint64_t id) {
+    std::lock_guard<std::mutex> lock(inbox.mu);
+    return std::count(inbox.timers.begin(), inbox.timers.end(), id);
+  };
+  ASSERT_EQ(port.acquire(), 0);
+  port.schedule(1, Port::Clock::now() + 200ms);
+  port.release();  // long before timer 1 is due: it stays pending
+  std::this_thread::sleep_for(250ms);
+  ASSERT_EQ(fired(1), 0);
+  ASSERT_EQ(port.acquire(), 0);
+  port.schedule(2, Port::Clock::now() + 5ms);
+  for (int i = 0; i < 3000 && fired(2) == 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(fired(2), 1) << "the reopened port's timerfd was never set";
+  EXPECT_EQ(fired(1), 1) << "a timer due while the port was closed fires once it opens";
+  port.release();
 }
 
 // Shared between the test and the processes it forks.

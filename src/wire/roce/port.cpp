@@ -350,7 +350,11 @@ int Port::acquire() {
   thread_running_ = true;
   users_ = 1;
   {
+    // The timerfd is new, so nothing is set on it yet, whatever the one the last user's
+    // close took with it was set for; timers left pending then (a parked socket's recheck
+    // stays scheduled) would otherwise make arm_timerfd believe it set, and never set it.
     std::lock_guard<std::mutex> tlock(timer_mu_);
+    timerfd_at_ = Clock::time_point::max();
     arm_timerfd();
   }
   uint64_t one = 1;
