@@ -281,6 +281,11 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
     cap.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
     cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
   }
+  // On a parent domain with an allocator, the receive ring is the application's memory.
+  if (!srq && !queue_memory_for(pd, &qp->rq, kResourceQp, cap.max_recv_wr)) {
+    delete qp;
+    return nullptr;
+  }
   qp->ctx = ctx;
   qp->pd = pd;
   qp->send_cq = scq;
@@ -537,6 +542,10 @@ ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
     return nullptr;
   }
   a.max_sge = std::max<uint32_t>(a.max_sge, 1);
+  if (!queue_memory_for(pd, &srq->rq, kResourceSrq, a.max_wr)) {
+    delete srq;
+    return nullptr;
+  }
   srq->ctx = pd->ctx;
   srq->pd = pd;
   srq->max_wr = a.max_wr;
