@@ -9,9 +9,10 @@
  *    after a READ of it failed), takes a WRITE.
  *  - An access the page fault cannot serve is the access error, never a crash: a READ of the
  *    inaccessible page, a WRITE into the read-only page and a WRITE through the implicit MR
- *    to an address B unmapped give IBV_WC_REM_ACCESS_ERR; a SEND from a page A unmapped in
- *    its own ODP MR gives IBV_WC_LOC_PROT_ERR. Each on a QP of its own (the error ends it).
- *    Pages are unmapped only right before the access: a later mapping could take the hole.
+ *    to an unmapped address give IBV_WC_REM_ACCESS_ERR; a SEND from an unmapped address
+ *    through A's implicit MR, and one from the page without access of its ODP MR, give
+ *    IBV_WC_LOC_PROT_ERR. Each on a QP of its own (the error ends it). The unmapped address
+ *    is below mmap_min_addr: a page we unmapped could be mapped again meanwhile.
  *  - ibv_advise_mr: prefetch (with and without IBV_ADVISE_MR_FLAG_FLUSH) succeeds, EFAULT
  *    for a synchronous prefetch of an unmapped page, ENOENT for an MR without ON_DEMAND,
  *    EINVAL for unknown flags; query_device_ex's odp_caps say all of it.
@@ -20,8 +21,8 @@
 
 #include "common.h"
 
-#define NQP 5
-enum { QP_GOOD, QP_RO_WRITE, QP_IMPLICIT_GONE, QP_UNMAPPED_READ, QP_LOCAL };
+#define NQP 6
+enum { QP_GOOD, QP_RO_WRITE, QP_IMPLICIT_GONE, QP_UNMAPPED_READ, QP_LOCAL, QP_LOCAL_GONE };
 #define MSG 512
 
 static int sock;
@@ -87,7 +88,9 @@ static void target(int s)
 	CHECK(implicit->addr == NULL);
 	CHECK_EQ(implicit->length, SIZE_MAX);
 	uint8_t *heap = map_pages(1);
-	uint8_t *gone = map_pages(1); /* unmapped before A writes there */
+	/* below mmap_min_addr: never mapped (a page we unmapped could be mapped again by the
+	 * time A writes there, e.g. by our agent thread) */
+	uint8_t *gone = (uint8_t *)page;
 	memset(odp + page, 0x5a, page); /* what A reads */
 	me.odp_addr = (uintptr_t)odp;
 	me.odp_rkey = mr->rkey;
@@ -118,7 +121,6 @@ static void target(int s)
 	CHECK_EQ(sv_query_state(qp[QP_UNMAPPED_READ]), IBV_QPS_ERR);
 	/* page 3 becomes accessible now, after registration: the next WRITE faults it in */
 	CHECK_OK(mprotect(odp + 3 * page, page, PROT_READ | PROT_WRITE));
-	CHECK_OK(munmap(gone, page));
 	say(2);
 
 	/* 2: the WRITE into page 3, and the errors */
@@ -202,8 +204,7 @@ int main(void)
 		sv_trade_gid(sock, qp[i]);
 		sv_connect_remote(qp[i], &dev, &cfg, b.qpn[i], NULL, 0, 0, 0);
 	}
-	/* A's own memory: four ODP pages (page 3 without access, unmapped before the local
-	 * error) and the implicit MR */
+	/* A's own memory: four ODP pages (page 3 without access) and the implicit MR */
 	uint8_t *buf = map_pages(4);
 	CHECK_OK(mprotect(buf + 3 * page, page, PROT_NONE));
 	struct ibv_mr *odp = ibv_reg_mr(dev.pd, buf, 4 * page,
@@ -270,9 +271,14 @@ int main(void)
 	post_rdma(qp[QP_IMPLICIT_GONE], 11, IBV_WR_RDMA_WRITE, (uintptr_t)buf, odp->lkey,
 		  b.gone_addr, b.implicit_rkey, MSG);
 	sv_expect_wc(cq, 11, IBV_WC_REM_ACCESS_ERR, qp[QP_IMPLICIT_GONE], &wc);
-	CHECK_OK(munmap(buf + 3 * page, page));
 	CHECK_OK(sv_post_send(qp[QP_LOCAL], 13, odp, 3 * page, MSG, IBV_SEND_SIGNALED));
 	sv_expect_wc(cq, 13, IBV_WC_LOC_PROT_ERR, qp[QP_LOCAL], &wc);
+	struct ibv_sge gone = {.addr = page, .length = MSG, .lkey = implicit->lkey};
+	struct ibv_send_wr send = {.wr_id = 14, .sg_list = &gone, .num_sge = 1,
+				   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr *bad;
+	CHECK_OK(ibv_post_send(qp[QP_LOCAL_GONE], &send, &bad));
+	sv_expect_wc(cq, 14, IBV_WC_LOC_PROT_ERR, qp[QP_LOCAL_GONE], &wc);
 	say(2);
 	CHECK_EQ(hear(), 3);
 
