@@ -41,7 +41,10 @@ int check_values(Qp* qp, const ibv_qp_attr* a, int mask) {
   if ((mask & IBV_QP_RQ_PSN) && a->rq_psn > 0xffffff) return EINVAL;
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
       (a->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                              // odp-dm: an MR flag that applications (pyverbs' ODP tests)
+                              // pass here too; the kernel takes and ignores it.
+                              IBV_ACCESS_ON_DEMAND)))
     return EINVAL;
   if (mask & IBV_QP_AV) {
     // RoCE: the address vector must carry a GRH with a valid source GID index.
