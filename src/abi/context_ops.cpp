@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/verbs_ext.hpp"
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
@@ -87,20 +88,51 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   ibv_device_attr_ex full{};
   Device::instance().fill_device_attr(&full.orig_attr);
   full.phys_port_cnt_ex = kPortCount;
+  // The 64-bit flags repeat the 32 of ibv_device_attr (the memory window bits among them),
+  // plus (ex-qp) IBA 1.5's ATOMIC WRITE and FLUSH (both placement types), the bits librpma tests.
+  full.device_cap_flags_ex = static_cast<uint32_t>(full.orig_attr.device_cap_flags);
+  full.device_cap_flags_ex |= kDeviceAtomicWrite | kDeviceFlushGlobal | kDeviceFlushPersistent;
   fill_odp_dm_attr(&full);  // odp-dm
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
 
-// The extended create: what the plain one can do (a PD), plus the one creation flag we
-// honour, BLOCK_SELF_MCAST_LB. Send-ops flags (ibv_wr_*), XRC, RSS and the rest are not
-// implemented.
+// ---- memory windows (verbs/mw.cpp) ----------------------------------------------------
+// <infiniband/verbs.h> inlines reach these: ibv_alloc_mw, ibv_bind_mw (after its own type,
+// MR and PD checks), ibv_dealloc_mw.
+ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
+  Pd* p = Pd::from(pd);
+  if (!p) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return alloc_mw(p, type);
+}
+
+int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
+  Qp* q = Qp::from(qp);
+  Mw* w = Mw::from(mw);
+  if (!q || !w || !bind || w->pd->ctx != q->ctx) return EINVAL;
+  return bind_mw(q, w, bind);
+}
+
+int op_dealloc_mw(ibv_mw* mw) {
+  Mw* w = Mw::from(mw);
+  return w ? dealloc_mw(w) : EINVAL;
+}
+// ---- end of memory windows --------------------------------------------------------------
+
+// The extended create: what the plain one can do (a PD), the creation flags we honour
+// (BLOCK_SELF_MCAST_LB, SOURCE_QPN for QP1) and send-ops flags (the ibv_wr_* API,
+// verbs/qp_ex.cpp). XRC, RSS and the rest are not implemented.
 ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   if (!ex || !(ex->comp_mask & IBV_QP_INIT_ATTR_PD)) {
     errno = EINVAL;
     return nullptr;
   }
-  if ((ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+  constexpr uint32_t kKnownMask =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if ((ex->comp_mask & ~kKnownMask) ||
       ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
        (ex->create_flags & ~(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB | IBV_QP_CREATE_SOURCE_QPN)))) {
     errno = EOPNOTSUPP;
@@ -111,6 +143,13 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
                           (ex->create_flags & IBV_QP_CREATE_SOURCE_QPN);
   if (source_qpn && (ex->qp_type != IBV_QPT_UD || ex->source_qpn != 1)) {
     errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // Extended QP: the send ops asked for must be ones this device and QP type have.
+  const uint64_t send_ops =
+      (ex->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? ex->send_ops_flags : 0;
+  if (int err = check_send_ops_flags(ex->qp_type, send_ops)) {
+    errno = err;
     return nullptr;
   }
   Pd* pd = Pd::from(ex->pd);
@@ -132,6 +171,7 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   if ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
       (ex->create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))
     Qp::from(qp)->block_self_mcast = true;
+  install_qp_ex(Qp::from(qp), send_ops);
   if (source_qpn && !claim_gsi(Qp::from(qp))) {
     ibv_destroy_qp(qp);
     errno = EBUSY;  // one QP1 agent per process
@@ -222,9 +262,9 @@ void fill_context_ops(Context* ctx) {
   unsupported(ops._compat_reg_mr);
   unsupported(ops._compat_rereg_mr);
   unsupported(ops._compat_dereg_mr);
-  unsupported(ops.alloc_mw);
-  unsupported(ops.bind_mw);
-  unsupported(ops.dealloc_mw);
+  ops.alloc_mw = &op_alloc_mw;  // memory windows
+  ops.bind_mw = &op_bind_mw;
+  ops.dealloc_mw = &op_dealloc_mw;
   unsupported(ops._compat_create_cq);
   ops.poll_cq = &op_poll_cq;
   ops.req_notify_cq = &op_req_notify_cq;

@@ -390,8 +390,11 @@ int ibv_destroy_qp(struct ibv_qp* qp) {
   return q ? destroy_qp(q) : EINVAL;
 }
 
-// Only QPs made by ibv_create_qp_ex with send-ops flags are extended; we make none yet.
-struct ibv_qp_ex* ibv_qp_to_qp_ex(struct ibv_qp*) { return nullptr; }
+// QPs made by the ibv_create_qp_ex op are extended (as rxe's); ibv_create_qp's are not.
+struct ibv_qp_ex* ibv_qp_to_qp_ex(struct ibv_qp* qp) {
+  Qp* q = Qp::from(qp);
+  return q && q->is_qp_ex ? &q->ibv : nullptr;
+}
 
 int ibv_query_qp_data_in_order(struct ibv_qp* qp, enum ibv_wr_opcode, uint32_t flags) {
   // Our payload lands in order and in full before the completion is written.

@@ -14,9 +14,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <cstdio>
 #include <cstdlib>
@@ -34,8 +36,13 @@ namespace {
 
 namespace wr = wire::roce;
 
-constexpr int kRecvs = 64;
-constexpr int kSends = 64;
+// As the kernel's MAD layer (mad_recvq_size 512, mad_sendq_size 128): a burst of REQs, as
+// cmtime makes (one per connection, all at once), must not find the receive queue empty,
+// where a UD QP drops the datagram and only the 6.4 s resend would bring it back. Sends
+// beyond the send queue wait in `backlog` (the kernel's overflow list), not dropped.
+constexpr int kRecvs = 4096;
+constexpr int kSends = 128;
+constexpr size_t kMaxBacklog = 8192;  // beyond that the CM's timers resend
 constexpr size_t kGrh = 40;
 constexpr size_t kRecvBytes = kGrh + wr::kMadBytes;
 
@@ -125,6 +132,11 @@ struct Agent final : ib::MadSender, ib::CmUser {
   uint8_t* buf = nullptr;
   int next_send = 0;
   int sends_out = 0;
+  struct Queued {
+    ib::Endpoint to;
+    std::array<uint8_t, wr::kMadBytes> mad;
+  };
+  std::deque<Queued> backlog;  // MADs waiting for a free send slot, in order
   std::map<std::pair<wr::Gid, int>, ibv_ah*> ahs;  // (peer, our GID index)
   std::unique_ptr<ib::Cm> cm;
 
@@ -162,11 +174,26 @@ struct Agent final : ib::MadSender, ib::CmUser {
     // so take everything and hand receives on).
     for (int n; (n = ibv_poll_cq(cq, 16, wc)) > 0;)
       for (int i = 0; i < n; ++i) complete(wc[i]);
+    while (sends_out < kSends && !backlog.empty()) {
+      post_mad(backlog.front().to, backlog.front().mad.data());
+      backlog.pop_front();
+    }
   }
 
   void send_mad(const ib::Endpoint& to, const uint8_t (&mad)[wr::kMadBytes]) override {
-    if (sends_out >= kSends) drain_sends();
-    if (sends_out >= kSends) return;  // the timers resend
+    // Never polls the CQ here: this runs inside the CM's handling of a MAD, and a receive
+    // completion handed to it now would re-enter it.
+    if (sends_out < kSends && backlog.empty()) {
+      post_mad(to, mad);
+      return;
+    }
+    if (backlog.size() >= kMaxBacklog) return;
+    Queued q{to, {}};
+    std::memcpy(q.mad.data(), mad, wr::kMadBytes);
+    backlog.push_back(q);
+  }
+
+  void post_mad(const ib::Endpoint& to, const uint8_t* mad) {
     ibv_ah* ah = ah_for(to);
     if (!ah) return;
     int i = next_send;

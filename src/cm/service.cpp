@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -44,6 +45,10 @@ struct Service {
   std::set<Id*> ids;  // every live id, for listeners going away before their children
   // Disconnected ids waiting out their time-wait (then TIMEWAIT_EXIT), soonest first.
   std::vector<std::pair<std::chrono::steady_clock::time_point, Id*>> timewait;
+  // The thread is in (or about to enter) poll with the fds it took under g_mu. poll holds a
+  // reference to every file it waits on until it returns, so a port's socket closed
+  // meanwhile keeps its name bound until then (settle_closed_names_locked).
+  std::atomic<bool> polling{false};
 };
 // Never destroyed: the service thread may still run while the process exits.
 Service& g_svc = *new Service;
@@ -429,8 +434,11 @@ void run_service() {
         fds.push_back({p.fd, POLLIN, 0});
         pend.push_back(p.fd);
       }
+      g_svc.polling.store(true, std::memory_order_release);
     }
-    if (poll(fds.data(), fds.size(), timeout) < 0) continue;
+    int ready = poll(fds.data(), fds.size(), timeout);
+    g_svc.polling.store(false, std::memory_order_release);
+    if (ready < 0) continue;
     std::lock_guard<std::mutex> lock(g_mu);
     uint64_t n;
     if (fds[0].revents) (void)!read(g_svc.wake, &n, sizeof(n));
@@ -538,6 +546,18 @@ Id* new_id(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_t
   return id;
 }
 
+// A port this process just gave up (rdma_destroy_id of its listener) may still be held by
+// the service thread's poll: wake it and wait until it has left poll, so that the port
+// can be bound again at once, as with the kernel's port space (perftest -R listens twice on
+// one port). False when nothing was waited for.
+bool settle_closed_names_locked() {
+  if (g_svc.owner != getpid() || !g_svc.polling.load(std::memory_order_acquire)) return false;
+  wake_service();
+  for (int i = 0; i < 50000 && g_svc.polling.load(std::memory_order_acquire); ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  return true;
+}
+
 int bind_locked(Id* id, const sockaddr* addr) {
   if (id->state != IdState::Idle) return EINVAL;
   if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return EAFNOSUPPORT;
@@ -546,7 +566,9 @@ int bind_locked(Id* id, const sockaddr* addr) {
   uint16_t port = port_of(addr);
   int sock = -1;
   if (port) {
-    if (int err = open_name(id->id.ps, port, &sock)) return err;
+    int err = open_name(id->id.ps, port, &sock);
+    if (err == EADDRINUSE && settle_closed_names_locked()) err = open_name(id->id.ps, port, &sock);
+    if (err) return err;
   } else {
     // An ephemeral port, as the kernel's port space would hand out.
     for (int tries = 0; tries < 512 && sock < 0; ++tries) {

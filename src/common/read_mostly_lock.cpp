@@ -24,6 +24,14 @@ bool barrier_on_our_cpus() {
          membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0;
 }
 
+// Registered once more when the library loads, while a program has one thread: the kernel
+// registers a single-threaded process at once, but a multi-threaded one only after a
+// synchronize_rcu() (kernel/sched/membarrier.c), ~10 ms here, which the first lock made
+// later (e.g. by the first connection of an rdma_cm program, whose service thread runs
+// by then) would pay. Later registrations find it done.
+[[maybe_unused]] const bool g_registered_at_load =
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+
 // The slots this thread made, unregistered when it exits.
 struct ThreadSlots {
   std::vector<void*> slots;

@@ -62,6 +62,8 @@ class MrTable {
   ReadMostlyLock& lock() { return mu_; }
   uint32_t insert(Mr* mr);  // returns the key (lkey == rkey)
   void erase(uint32_t key);
+  // Frees an MR's key unless memory windows are bound to it (false then: EBUSY).
+  bool erase_unbound(Mr* mr);
   // Under lock(): the MR with this key, or nullptr.
   Mr* find(uint32_t key) const {
     uint32_t index = key >> 8;
@@ -77,7 +79,31 @@ class MrTable {
   // This process's published table, in its arena (offset 0 if there is none).
   uint64_t shared_offset();
 
+  // Memory windows (core/mw_table.cpp). A window's slot holds no MR, so find() never
+  // returns one: a window's key is never an lkey.
+  uint32_t insert_window(Mw* mw);  // returns its first key
+  void erase_window(Mw* mw);       // unbinds it first
+  // Under lock() (shared), as every role runs: IBV_WR_BIND_MW on a QP of PD `qp_pd`, number
+  // `qpn`; IBV_WC_SUCCESS or IBV_WC_MW_BIND_ERR (the rules of IBA 10.6.7 as rxe checks them).
+  ibv_wc_status bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn);
+  // Under lock() (shared): invalidates the type 2 window named by `key` for a QP of PD
+  // `qp_pd` (IBV_WR_LOCAL_INV), or, `remote`, for the SEND_WITH_INV that arrived on QP
+  // `qpn`, which must be the window's. False when it cannot: no such window, a type 1
+  // window (o10-37.2.26), not bound, another PD or QP, or an MR's key (an MR is only ever
+  // registered by ibv_reg_mr: there are no fast-registration MRs to invalidate).
+  bool invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool remote);
+  // Under lock() (shared): [addr, addr + length) through the window named by `key`, for a
+  // QP of PD `pd` numbered `qpn`, with `need` access; false if anything does not fit.
+  bool resolve_window(Pd* pd, uint32_t qpn, uint32_t key, uint64_t addr, uint64_t length,
+                      unsigned need, iovec* out) const;
+  // Type 2 windows bound to a QP that goes away are invalidated (its number is reused).
+  void invalidate_windows_of(uint32_t qpn);
+
  private:
+  uint32_t take_slot();  // caller holds mu_ exclusively
+  void erase_locked(uint32_t key);  // caller holds mu_ exclusively
+  void release_binding(Mw* mw);  // caller holds mw->mu; clears its published entry
+  void publish_window(const Mw* mw);  // caller holds mw->mu and mu_ (shared or not)
   static MrTable& create();
   void write_shared_entry(const Mr* mr);  // caller holds mu_ and shared_ is set
   // Set once, never cleared: the table is immortal (the agent may use it during exit()).
@@ -87,6 +113,7 @@ class MrTable {
   uint64_t shared_offset_ = 0;
   mutable ReadMostlyLock mu_;
   std::vector<Mr*> slots_{nullptr};
+  std::vector<Mw*> windows_{nullptr};  // the same slots, for memory windows
   std::vector<uint8_t> generation_{0};
   std::vector<uint32_t> free_;
   uint64_t changes_ = 0;
@@ -113,6 +140,22 @@ inline bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length,
   if (mr->access & IBV_ACCESS_ON_DEMAND) [[unlikely]]
     return fault_in(out->iov_base, length, (need_access & kWritingAccess) != 0);
   return true;
+}
+
+// The responder's part of a FLUSH (IBA 1.5, as rxe): the MR named by `key` must grant the
+// flush access its placement `type` asks for (verbs_ext.hpp) over the range the selectivity
+// `level` names ([addr, addr + length), or the whole MR); then what landed there is made
+// globally visible, and for PERSISTENT written back as far as the mapping's backing store
+// goes (msync: a DAX or file mapping). False: an R_Key violation. Caller holds the key lock.
+bool flush_memory(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, uint8_t type,
+                  uint8_t level);
+
+// The responder's look-up of an R_Key: an MR of `pd`, or a memory window for QP `qpn` of
+// `pd` (MrTable::resolve_window). Caller holds MrTable::lock().
+inline bool resolve_rkey(Pd* pd, uint32_t qpn, uint32_t key, uint64_t addr, uint64_t length,
+                         unsigned need_access, iovec* out) {
+  return resolve_sge(pd, key, addr, length, need_access, out) ||
+         MrTable::instance().resolve_window(pd, qpn, key, addr, length, need_access, out);
 }
 
 }  // namespace softverbs

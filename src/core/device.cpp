@@ -58,13 +58,12 @@ Device::Device() {
   uint64_t guid = fnv1a(host_identity() + kDeviceName);
   guid = (guid & ~(0x03ull << 56)) | (0x02ull << 56);
   node_guid_ = htobe64(guid);
-  for (const wire::HostAddress& a : wire::host_addresses()) gids_.push_back({a.gid, a.ifindex});
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   comp_vectors_ = cpus > 0 ? static_cast<int>(cpus) : 1;
 }
 
 bool Device::is_local_gid(const ibv_gid& gid) const {
-  for (const auto& e : gids_)
+  for (const auto& e : gids())
     if (std::memcmp(e.gid.raw, gid.raw, 16) == 0) return true;
   return false;
 }
@@ -83,12 +82,19 @@ void Device::fill_device_attr(ibv_device_attr* a) const {
   a->max_qp_wr = Limits::max_qp_wr;
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SHUTDOWN_PORT |
                         IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
-                        IBV_DEVICE_SRQ_RESIZE;
+                        IBV_DEVICE_SRQ_RESIZE |
+                        // Memory windows: type 1 and type 2B (a type 2 window serves the one
+                        // QP it is bound to, of its PD), as rxe and mlx5 report them.
+                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+                        // LOCAL_INV and SEND_WITH_INV (of type 2 windows; user verbs have no
+                        // fast registration), as rxe reports it.
+                        IBV_DEVICE_MEM_MGT_EXTENSIONS;
   a->max_sge = Limits::max_sge;
   a->max_sge_rd = Limits::max_sge;
   a->max_cq = Limits::max_cq;
   a->max_cqe = Limits::max_cqe;
   a->max_mr = Limits::max_mr;
+  a->max_mw = Limits::max_mw;
   a->max_pd = Limits::max_pd;
   a->max_qp_rd_atom = Limits::max_qp_rd_atom;
   a->max_res_rd_atom = Limits::max_qp_rd_atom * Limits::max_qp;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "wire/host.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs {
@@ -31,6 +32,7 @@ struct Limits {
   static constexpr int max_cq = 1 << 16;
   static constexpr int max_cqe = (1 << 20) - 1;
   static constexpr int max_mr = 1 << 20;
+  static constexpr int max_mw = 1 << 16;  // windows share the key table with MRs
   static constexpr int max_pd = 1 << 16;
   // rxe's (RXE_MAX_QP_RD_ATOM): perftest sets max_rd_atomic to the peer's max_qp_rd_atom,
   // so with a smaller one it cannot connect to rxe (ibv_modify_qp to RTS fails here).
@@ -40,10 +42,7 @@ struct Limits {
   static constexpr int max_ah = 1 << 16;
 };
 
-struct GidEntry {
-  ibv_gid gid;
-  int ifindex;
-};
+using GidEntry = wire::HostAddress;  // {gid, ifindex}
 
 class Device {
  public:
@@ -51,10 +50,12 @@ class Device {
 
   ibv_device* ibv() { return &ibv_; }
   uint64_t node_guid() const { return node_guid_; }  // network byte order
-  const std::vector<GidEntry>& gids() const { return gids_; }
+  // The host's addresses (wire/host.hpp): read again in a forked child, which may have
+  // entered another network namespace, i.e. become a process of another host.
+  const std::vector<GidEntry>& gids() const { return wire::host_addresses(); }
   // The GID table: the host's addresses first, then empty slots (as on a real port, whose
   // table is larger than the addresses it holds).
-  int gid_table_len() const { return std::max<int>(16, static_cast<int>(gids_.size())); }
+  int gid_table_len() const { return std::max<int>(16, static_cast<int>(gids().size())); }
   bool is_local_gid(const ibv_gid& gid) const;
   int num_comp_vectors() const { return comp_vectors_; }
 
@@ -69,7 +70,6 @@ class Device {
   Device();
   ibv_device ibv_{};
   uint64_t node_guid_ = 0;
-  std::vector<GidEntry> gids_;
   int comp_vectors_ = 1;
   std::atomic<bool> port_active_{true};
 };

@@ -17,6 +17,9 @@ enum class Fault {
   RecvTooSmall,      // responder: the message does not fit the receive WQE
   RnrExhausted,      // no receive WQE and rnr_retry RNR NAKs used up
   RetryExhausted,    // no answer (peer QP absent, not in RTR/RTS, port down) after retry_cnt
+  MwBind,            // requester: a memory window bind breaks a rule (IBA 10.6.7)
+  LocalInvalidate,   // requester: LOCAL_INV of a key that names no bound type 2 window
+  RemoteInvalidate,  // responder: the same for the R_Key of a SEND_WITH_INV (IBA class J)
 };
 
 struct FaultRule {
@@ -44,6 +47,12 @@ constexpr FaultRule fault_rule(Fault f) {
       return {IBV_WC_RNR_RETRY_EXC_ERR, IBV_WC_SUCCESS, false, -1};
     case Fault::RetryExhausted:
       return {IBV_WC_RETRY_EXC_ERR, IBV_WC_SUCCESS, false, -1};
+    case Fault::MwBind:
+      return {IBV_WC_MW_BIND_ERR, IBV_WC_SUCCESS, false, -1};
+    case Fault::LocalInvalidate:
+      return {IBV_WC_LOC_QP_OP_ERR, IBV_WC_SUCCESS, false, -1};
+    case Fault::RemoteInvalidate:
+      return {IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR, true, -1};
   }
   return {IBV_WC_GENERAL_ERR, IBV_WC_SUCCESS, false, -1};
 }

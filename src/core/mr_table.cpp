@@ -1,7 +1,12 @@
 // The key table: lkeys/rkeys name MRs; with its copy published for peers on this host.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <mutex>
 
 #include "core/core.hpp"
+#include "common/verbs_ext.hpp"
 #include "wire/shm/arena.hpp"
 
 namespace softverbs {
@@ -12,8 +17,7 @@ MrTable& MrTable::create() {
   return *table;
 }
 
-uint32_t MrTable::insert(Mr* mr) {
-  std::unique_lock lock(mu_);
+uint32_t MrTable::take_slot() {
   uint32_t index;
   if (!free_.empty()) {
     index = free_.back();
@@ -21,8 +25,15 @@ uint32_t MrTable::insert(Mr* mr) {
   } else {
     index = static_cast<uint32_t>(slots_.size());
     slots_.push_back(nullptr);
+    windows_.push_back(nullptr);
     generation_.push_back(0);
   }
+  return index;
+}
+
+uint32_t MrTable::insert(Mr* mr) {
+  std::unique_lock lock(mu_);
+  uint32_t index = take_slot();
   slots_[index] = mr;
   // The low byte changes on every reuse, so a stale key does not name the new MR.
   uint8_t gen = ++generation_[index];
@@ -31,6 +42,10 @@ uint32_t MrTable::insert(Mr* mr) {
 
 void MrTable::erase(uint32_t key) {
   std::unique_lock lock(mu_);
+  erase_locked(key);
+}
+
+void MrTable::erase_locked(uint32_t key) {
   uint32_t index = key >> 8;
   if (index < slots_.size() && slots_[index]) {
     slots_[index] = nullptr;
@@ -38,6 +53,14 @@ void MrTable::erase(uint32_t key) {
   }
   note_change();
   if (shared_ && index < wire::kMrTableCap) shared_[index].key.store(0, std::memory_order_release);
+}
+
+bool MrTable::erase_unbound(Mr* mr) {
+  // Binds run under the shared lock: none is half-way through while we hold it exclusively.
+  std::unique_lock lock(mu_);
+  if (mr->bound_windows.load(std::memory_order_relaxed) > 0) return false;
+  erase_locked(mr->ibv.lkey);
+  return true;
 }
 
 uint64_t MrTable::shared_offset() {
@@ -49,8 +72,13 @@ uint64_t MrTable::shared_offset() {
     if (!off) return 0;
     shared_offset_ = off;
     shared_ = arena->published_at<wire::MrShared>(off);
-    for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i)
+    for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i) {
       if (Mr* mr = slots_[i]) write_shared_entry(mr);
+      if (Mw* mw = windows_[i]) {
+        std::lock_guard<SpinLock> g(mw->mu);
+        publish_window(mw);
+      }
+    }
   }
   return shared_offset_;
 }
@@ -72,7 +100,33 @@ void MrTable::write_shared_entry(const Mr* mr) {
   e.addr = reinterpret_cast<uint64_t>(mr->host);
   e.shm = mr->shm;
   e.shm_length = mr->shm_length;
+  e.qpn = 0;
   e.key.store(mr->ibv.lkey, std::memory_order_release);
+}
+
+bool flush_memory(Pd* pd, uint32_t key, uint64_t addr, uint64_t length, uint8_t type,
+                  uint8_t level) {
+  unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+                  ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+  if (need == 0) return false;
+  Mr* mr = MrTable::instance().find(key);
+  if (!mr) return false;
+  if (level == kFlushMr) {
+    addr = mr->iova;
+    length = mr->length;
+  }
+  iovec at{};
+  if (!resolve_sge(pd, key, addr, length, need, &at)) return false;
+  // Every write that reached us before this FLUSH is in memory already (we copy in order):
+  // a fence is all global visibility needs.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if ((type & kFlushPersistent) && length) {
+    auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    auto start = reinterpret_cast<uintptr_t>(at.iov_base) & ~(page - 1);
+    auto end = reinterpret_cast<uintptr_t>(at.iov_base) + length;
+    msync(reinterpret_cast<void*>(start), end - start, MS_SYNC);
+  }
+  return true;
 }
 
 }  // namespace softverbs

@@ -44,12 +44,14 @@ enum Magic : uint32_t {
   kAhMagic = 0x53564148,
   kDmMagic = 0x5356444d,
   kTdMagic = 0x53565444,
+  kMwMagic = 0x5356574d,
   kDead = 0xdeaddead,
 };
 
 struct Context;
 struct Pd;
 struct Mr;
+struct Mw;
 struct Cq;
 struct CompChannel;
 struct Qp;
@@ -102,6 +104,9 @@ struct Mr {
   size_t dmabuf_map_length = 0;
   uint64_t shm = 0;  // offset of ibv.addr in the MR memfd when its pages were moved there
   uint64_t shm_length = 0;  // bytes from ibv.addr on that were moved
+  // Memory windows bound to it (changed under the key lock, shared, and the window's mu):
+  // while any is, ibv_dereg_mr and ibv_rereg_mr fail (ibv_alloc_mw(3), IBA 10.6.7.2.6).
+  std::atomic<int> bound_windows{0};
   static Mr* from(ibv_mr* m);
 };
 
@@ -133,6 +138,25 @@ struct Td {
   Context* ctx;
   std::atomic<int> users{0};  // parent domains using it
   static Td* from(ibv_td* t);
+};
+
+// A memory window (ibv_alloc_mw(3), IBA 10.6.7): a key for remote access to part of an MR,
+// bound and invalidated by work requests (core/mw_table.cpp). Its key lives in the key
+// table's slot like an MR's; the binding below is read and changed under `mu` (with the
+// key lock held shared), so that a bind on one QP and a lookup for another never race.
+struct Mw {
+  ibv_mw ibv;  // ibv.rkey: the application's copy (ibv_bind_mw writes the next key there)
+  uint32_t magic = kMwMagic;
+  Pd* pd;
+  uint32_t index = 0;  // the key table slot (rkey >> 8)
+  SpinLock mu;
+  uint32_t rkey = 0;   // the key the window answers to now
+  Mr* mr = nullptr;    // bound to; nullptr: not bound (type 1) or invalidated (type 2)
+  uint64_t addr = 0;   // the window: [addr, addr + length) of the MR's iova space
+  uint64_t length = 0;
+  unsigned access = 0;     // IBV_ACCESS_REMOTE_* and IBV_ACCESS_ZERO_BASED
+  uint32_t qpn = 0;        // type 2: the QP it is bound to (only that QP may use it)
+  static Mw* from(ibv_mw* m);
 };
 
 struct CompChannel {
@@ -219,15 +243,33 @@ struct RecvWqe {
   uint64_t place_changes = 0;
 };
 
+// What an IBV_WR_BIND_MW work request binds (ibv_post_send for type 2, ibv_bind_mw for
+// type 1 with rkey = ibv_inc_rkey(mw->rkey)); checked when it runs (IBV_WC_MW_BIND_ERR).
+struct MwBind {
+  Mw* mw = nullptr;       // compared with the key table's slot mw_index before any use
+  uint32_t mw_index = 0;
+  uint32_t rkey = 0;      // the window's key once bound
+  uint32_t mr_lkey = 0;   // the MR (0 with length 0: a type 1 window is unbound)
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  unsigned access = 0;    // mw_access_flags
+};
+
 struct SendWqe {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   unsigned flags = 0;
-  uint32_t imm = 0;  // network order, as posted
+  // Network order, as posted. IBV_WR_SEND_WITH_INV and IBV_WR_LOCAL_INV: the R_Key to
+  // invalidate, in host order (ibv_send_wr's union of imm_data and invalidate_rkey).
+  uint32_t imm = 0;
+  MwBind bind;  // IBV_WR_BIND_MW
   SgeList sges;
   SmallVec<uint8_t, 64> inline_data;  // IBV_SEND_INLINE: copied at post time
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
+  // Atomics: compare (or add) and swap. ATOMIC_WRITE: compare_add holds the 8 bytes to
+  // store, as they lie in memory. FLUSH: compare_add is the placement type, swap the
+  // selectivity level (verbs_ext.hpp), total_length the range.
   uint64_t compare_add = 0;
   uint64_t swap = 0;
   // UD addressing, copied from the AH at post time.
@@ -267,8 +309,28 @@ struct Ah {
   static Ah* from(ibv_ah* a);
 };
 
+// The work requests an ibv_qp_ex is building between wr_start and wr_complete (qp_ex.cpp):
+// each is what ibv_post_send would have been given, plus what ibv_send_wr cannot say.
+struct ExWr {
+  ibv_send_wr wr{};  // sg_list and num_sge are set when the batch is posted
+  SmallVec<ibv_sge, 2> sges;
+  SmallVec<uint8_t, 64> inline_data;  // wr_set_inline_data(_list): copied at the call
+  uint64_t flush_length = 0;          // FLUSH: the range
+  uint8_t flush_type = 0;
+  uint8_t flush_level = 0;
+  uint64_t atomic_value = 0;          // ATOMIC_WRITE: the 8 bytes
+};
+struct ExBatch {
+  std::vector<ExWr> wrs;  // [0, count): this batch; the rest keep their storage for reuse
+  size_t count = 0;
+  int error = 0;          // the first error a wr_* call met: wr_complete returns it
+  bool open = false;      // between wr_start and wr_complete/wr_abort
+};
+
 struct Qp {
   ibv_qp_ex ibv;  // ibv_qp prefix
+  // rdma-core 45 appended wr_flush to ibv_qp_ex; programs built with its headers find it here.
+  void (*wr_flush)(ibv_qp_ex*, uint32_t, uint64_t, size_t, uint8_t, uint8_t) = nullptr;
   uint32_t magic = kQpMagic;
   Context* ctx;
   Pd* pd;
@@ -284,6 +346,10 @@ struct Qp {
   ibv_qp_attr attr{};
   std::vector<ibv_gid> mcast_groups;  // under attr_mu: multicast groups attached (UD)
   bool block_self_mcast = false;      // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
+  // Created by ibv_create_qp_ex: ibv_qp_to_qp_ex hands out `ibv`, whose wr_* build `ex`.
+  bool is_qp_ex = false;
+  uint64_t send_ops_flags = 0;
+  ExBatch ex;  // under sq_mu only while being posted; the wr_* calls are the caller's
   // IBV_QP_CREATE_SOURCE_QPN: a UD QP that speaks as this QPN on the wire (only 1, QP1: the
   // CM's MAD agent, docs/decisions/0007). It sends with DETH SrcQP 1 and receives what
   // arrives for DestQP 1. 0: the QP's own number.

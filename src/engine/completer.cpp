@@ -6,6 +6,7 @@
 
 #include "engine/engine.hpp"
 #include "core/errors.hpp"
+#include "common/verbs_ext.hpp"
 #include "core/core.hpp"
 
 namespace softverbs::engine {
@@ -19,6 +20,7 @@ constexpr uint32_t kRnrDelayUs[32] = {
     20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  if (op == kWrFlush) return kWcFlush;  // not in the 44 headers' enum
   switch (op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -29,6 +31,12 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
       return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE:
+      return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_BIND_MW:
+      return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV:
+      return IBV_WC_LOCAL_INV;
     default:
       return IBV_WC_SEND;
   }

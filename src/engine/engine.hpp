@@ -39,6 +39,10 @@ bool complete(Qp* qp, SendWqe& w, Outcome o, int st);
 // SQ_DRAINED once an SQD QP has nothing in flight. Holds qp->sq_mu.
 void check_drained(Qp* qp);
 
+// IBV_WR_BIND_MW and IBV_WR_LOCAL_INV (local_ops.cpp): what their completion says.
+inline bool is_local_op(ibv_wr_opcode op) { return op == IBV_WR_LOCAL_INV || op == IBV_WR_BIND_MW; }
+ibv_wc_status run_local_op(Qp* qp, const SendWqe& w);
+
 // Same-host fast paths of the requester (shm_requester.cpp), to the connected peer QP
 // `dst_qpn` in another process of this host; nullopt: not taken, ask the shm transport.
 std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,

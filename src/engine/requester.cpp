@@ -33,6 +33,10 @@ bool writes_local(ibv_wr_opcode op) {
 // the target, through its receive window when it has one for us, else directly or via
 // the target's agent.
 Outcome execute(Qp* qp, const SendWqe& w) {
+  if (is_local_op(w.opcode)) {
+    ibv_wc_status st = run_local_op(qp, w);
+    return st == IBV_WC_SUCCESS ? Outcome{Outcome::Ack} : Outcome{Outcome::Error, st};
+  }
   iovec local[Limits::max_sge + 1];
   int nlocal = 0;
   if (!w.inline_data.empty()) {

@@ -9,6 +9,7 @@
 #include "engine/engine.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
+#include "common/verbs_ext.hpp"
 #include "core/core.hpp"
 #include "wire/transport.hpp"
 
@@ -174,10 +175,32 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
     wc.imm_data = req.imm;
     wc.wc_flags |= IBV_WC_WITH_IMM;
   }
+  if (req.opcode == IBV_WR_SEND_WITH_INV) {
+    // The data landed; then the named window of this QP goes (rxe's order). One that
+    // cannot be invalidated fails the receive and the QP (IBA class J).
+    if (!MrTable::instance().invalidate(req.imm, t->pd, t->qpn(), true)) {
+      rq.consume();
+      return receive_fault(t, &wc, Fault::RemoteInvalidate);
+    }
+    wc.invalidated_rkey = req.imm;  // host order (ibv_poll_cq(3))
+    wc.wc_flags |= IBV_WC_WITH_INV;
+  }
   wc.status = IBV_WC_SUCCESS;
   rq.consume();
   cq_push(t->recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+}
+
+// FLUSH (IBA 1.5): it needs the flush access of its placement type from the QP and the MR.
+Outcome respond_flush(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
+  if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+  auto type = static_cast<uint8_t>(req.compare_add), level = static_cast<uint8_t>(req.swap);
+  unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+                  ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+  if ((ta.access & need) != need) return fault(t, Fault::RemoteAccess);
+  if (!flush_memory(t->pd, req.rkey, req.remote_addr, req.length, type, level))
+    return fault(t, Fault::RemoteAccess);
+  return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(req.length)};
 }
 
 }  // namespace
@@ -209,16 +232,21 @@ Outcome respond(const wire::Request& req, Qp* t) {
     }
   }
 
+  if (req.opcode == kWrFlush) return respond_flush(req, t, ta);  // not in the 44 enum
   switch (req.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
+      return deliver_receive(req, t, true, ta.min_rnr_timer);
+    case IBV_WR_SEND_WITH_INV:
+      if (t->type != IBV_QPT_RC) return fault(t, Fault::RemoteInvalid);
       return deliver_receive(req, t, true, ta.min_rnr_timer);
 
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
       iovec dst{};
-      if (len && !resolve_sge(t->pd, req.rkey, req.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, &dst))
+      if (len && !resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, len,
+                               IBV_ACCESS_REMOTE_WRITE, &dst))
         return fault(t, Fault::RemoteAccess);
       if (req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         // The data must land before the receive completion says so; check for a receive
@@ -240,7 +268,8 @@ Outcome respond(const wire::Request& req, Qp* t) {
       if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
       if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(t, Fault::RemoteAccess);
       iovec src{};
-      if (len && !resolve_sge(t->pd, req.rkey, req.remote_addr, len, IBV_ACCESS_REMOTE_READ, &src))
+      if (len && !resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, len,
+                               IBV_ACCESS_REMOTE_READ, &src))
         return fault(t, Fault::RemoteAccess);
       if (len && !wire::copy_to_requester(req, &src, 1, len)) return {Outcome::NoResponse};
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
@@ -252,7 +281,8 @@ Outcome respond(const wire::Request& req, Qp* t) {
       if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(t, Fault::RemoteAccess);
       if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
       iovec target{};
-      if (!resolve_sge(t->pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, &target))
+      if (!resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC,
+                        &target))
         return fault(t, Fault::RemoteAccess);
       // The responder runs in the process that owns the memory: a real CPU atomic.
       auto* word = static_cast<uint64_t*>(target.iov_base);
@@ -266,6 +296,19 @@ Outcome respond(const wire::Request& req, Qp* t) {
       }
       iovec result{&old, 8};
       if (!wire::copy_to_requester(req, &result, 1, 8)) return {Outcome::NoResponse};
+      return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
+    }
+
+    // IBA 1.5: 8 bytes stored at once, with REMOTE_WRITE (as rxe); RC only.
+    case IBV_WR_ATOMIC_WRITE: {
+      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
+      if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
+      iovec target{};
+      if (!resolve_sge(t->pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, &target))
+        return fault(t, Fault::RemoteAccess);
+      uint64_t value = req.compare_add;  // the bytes as they lie in the requester's memory
+      __atomic_store_n(static_cast<uint64_t*>(target.iov_base), value, __ATOMIC_SEQ_CST);
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
     }
 

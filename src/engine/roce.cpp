@@ -344,8 +344,20 @@ struct RoceLink final : packet::Env {
   packet::RkeyResult resolve_rkey(uint32_t rkey, uint64_t va, uint32_t len, int access) override {
     if ((qp_access & static_cast<unsigned>(access)) != static_cast<unsigned>(access)) return {};
     iovec at{};
-    if (!resolve_sge(qp->pd, rkey, va, len, static_cast<unsigned>(access), &at)) return {};
+    const auto need = static_cast<unsigned>(access);
+    if (!softverbs::resolve_rkey(qp->pd, qp->qpn(), rkey, va, len, need, &at)) return {};
     return {static_cast<uint8_t*>(at.iov_base), true};
+  }
+
+  bool flush(uint32_t rkey, uint64_t va, uint32_t len, uint8_t type, uint8_t level) override {
+    unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+                    ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+    if ((qp_access & need) != need) return false;  // the QP's flush access too (as rxe)
+    return flush_memory(qp->pd, rkey, va, len, type, level);
+  }
+
+  bool invalidate_rkey(uint32_t rkey) override {
+    return MrTable::instance().invalidate(rkey, qp->pd, qp->qpn(), true);
   }
 
   std::optional<packet::RecvWqe> take_receive() override {
@@ -411,6 +423,7 @@ struct RoceLink final : packet::Env {
   uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                           uint64_t swap) override {
     auto* word = reinterpret_cast<uint64_t*>(addr);
+    if (op == IBV_WR_ATOMIC_WRITE) return __atomic_exchange_n(word, compare_add, __ATOMIC_SEQ_CST);
     if (op == IBV_WR_ATOMIC_CMP_AND_SWP) {
       uint64_t old = compare_add;
       __atomic_compare_exchange_n(word, &old, swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
@@ -704,11 +717,25 @@ bool roce_post(Qp* qp, SendWqe& w) {
   p.rkey = w.rkey;
   p.compare_add = w.compare_add;
   p.swap = w.swap;
+  if (w.opcode == kWrFlush) {  // SendWqe keeps FLUSH's type and level in the atomic operands
+    p.flush_length = static_cast<uint32_t>(w.total_length);
+    p.flush_type = static_cast<uint8_t>(w.compare_add);
+    p.flush_level = static_cast<uint8_t>(w.swap);
+  }
   p.remote_qpn = multicast ? packet::kMulticastQpn : w.remote_qpn;
   p.remote_qkey = w.remote_qkey;
   if (w.total_length > kMaxMsgSize)
     return complete(qp, w, {Outcome::Error, fault_rule(Fault::LocalLength).requester_status}, st);
-  if (!w.inline_data.empty()) {
+  if (is_local_op(w.opcode)) {
+    // Runs now, in posting order; the link completes it behind what it has in flight. A QP
+    // that failed meanwhile flushes it unrun.
+    int now;
+    {
+      std::lock_guard<std::mutex> lock(link->mu);
+      now = link->pq.state();
+    }
+    if (now == IBV_QPS_RTS || now == IBV_QPS_SQD) p.local_status = run_local_op(qp, w);
+  } else if (!w.inline_data.empty()) {
     std::vector<uint8_t>& slot = link->inline_ring[link->posted % link->inline_ring.size()];
     slot.assign(w.inline_data.data(), w.inline_data.data() + w.inline_data.size());
     p.sg.push_back({slot.data(), static_cast<uint32_t>(slot.size())});

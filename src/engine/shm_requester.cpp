@@ -166,8 +166,8 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
 }
 
 // What a peer's responder would check before letting `need` at [remote_addr, +len) of the
-// MR named by rkey, read from what it publishes: its QP's access, the MR table entry (key,
-// PD, access, range). The entry's fields, read between two looks at its key, go to *out.
+// MR (or memory window) named by rkey, read from what it publishes: its QP's access, the
+// MR table entry (key, PD, access, range, the QP a type 2 window is bound to). The entry's fields, read between two looks at its key, go to *out.
 bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
                  uint64_t len, wire::MrShared* out) {
   wire::WindowHeader* hdr = pw->hdr;
@@ -184,8 +184,11 @@ bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsi
   out->addr = e.addr;
   out->shm = e.shm;
   out->shm_length = e.shm_length;
+  out->qpn = e.qpn;
   if (e.key.load(std::memory_order_acquire) != rkey) return false;  // changed meanwhile
   if (out->pd_token != hdr->pd_token || (out->access & need) != need) return false;
+  // A type 2 memory window serves only the QP it is bound to: the peer's end of ours.
+  if (out->qpn != 0 && out->qpn != pw->dst_qpn) return false;
   uint64_t iova = out->iova, length = out->length;
   return remote_addr >= iova && len <= length && remote_addr - iova <= length - len;
 }

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/device.hpp"
+#include "common/verbs_ext.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/shm/mr_shm.hpp"
@@ -16,13 +17,16 @@ namespace {
 constexpr unsigned kAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                   IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
-                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
+                                  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB |
+                                  kAccessFlushGlobal | kAccessFlushPersistent;
 // Bits 20..29 are optional (e.g. RELAXED_ORDERING): a device may ignore them.
 constexpr unsigned kAccessOptional = 0x3ff00000u;
 
-// Only memory a peer may write, read or update needs to be where peers can reach it.
+// Only memory a peer may write, read or update needs to be where peers can reach it:
+// through the MR's own key, or through memory windows bound to it.
 bool peers_may_access(unsigned access) {
-  return access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+  return access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                   IBV_ACCESS_MW_BIND);
 }
 
 // Whether an MR's pages move into the shared MR memfd (decision 0005). Not ODP ones: their
@@ -130,6 +134,8 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && mr->host != mr->ibv.addr)
     return IBV_REREG_MR_ERR_INPUT;
   std::unique_lock lock(MrTable::instance().lock());
+  // Windows bound to it keep what they were bound to (as ibv_dereg_mr fails, IBA 10.6.7.2.6).
+  if (mr->bound_windows.load(std::memory_order_relaxed) > 0) return IBV_REREG_MR_ERR_INPUT;
   MrTable::instance().note_change();
   // The pages moved for the old translation or access go back; the new ones move if they may.
   if (mr->shm) wire::mr_shm_release(mr->host);
@@ -160,7 +166,10 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
 }
 
 int dereg_mr(Mr* mr) {
-  MrTable::instance().erase(mr->ibv.lkey);  // waits for in-flight operations (shared lock)
+  // Waits for in-flight operations (shared lock); fails while memory windows are bound to
+  // it (ibv_alloc_mw(3): "ibv_dereg_mr() fails if any memory window is still bound to this
+  // MR"). EBUSY, as for a PD still in use; rxe answers EINVAL.
+  if (!MrTable::instance().erase_unbound(mr)) return EBUSY;
   if (mr->shm) wire::mr_shm_release(mr->host);
   if (mr->dmabuf_map) munmap(mr->dmabuf_map, mr->dmabuf_map_length);
   if (mr->dm) mr->dm->mrs--;

@@ -10,6 +10,7 @@
 #include "engine/engine.hpp"
 #include "engine/roce.hpp"
 #include "core/device.hpp"
+#include "common/verbs_ext.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/shm/mcast.hpp"
 #include "wire/transport.hpp"
@@ -42,6 +43,7 @@ int check_values(Qp* qp, const ibv_qp_attr* a, int mask) {
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
       (a->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                              kAccessFlushGlobal | kAccessFlushPersistent |
                               // odp-dm: an MR flag that applications (pyverbs' ODP tests)
                               // pass here too; the kernel takes and ignores it.
                               IBV_ACCESS_ON_DEMAND)))
@@ -126,18 +128,46 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       return type == IBV_QPT_RC;
+    // Memory windows (ibv_post_send(3)'s table: UC, RC, XRC). SEND_WITH_INV on RC only:
+    // IBA has no UC opcode that carries an IETH, so no peer on the wire could take it.
+    case IBV_WR_LOCAL_INV:
+    case IBV_WR_BIND_MW:
+      return type == IBV_QPT_RC || type == IBV_QPT_UC;
+    case IBV_WR_SEND_WITH_INV:
+      return type == IBV_QPT_RC;
     default:
       return false;
   }
 }
 
-// The argument checks of ibv_post_send(3) for one WR; *total gets its length.
-int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total) {
+// The opcodes only the ibv_wr_* API can post (ibv_send_wr has no room for their operands):
+// ATOMIC WRITE and FLUSH, RC only (IBA 1.5, as rxe).
+bool extended_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op, const ExWr& ex) {
+  if (type != IBV_QPT_RC) return false;
+  if (op == IBV_WR_ATOMIC_WRITE) return true;
+  if (op != kWrFlush) return false;
+  bool type_ok = ex.flush_type != 0 && !(ex.flush_type & ~(kFlushGlobal | kFlushPersistent));
+  return type_ok && (ex.flush_level == kFlushRange || ex.flush_level == kFlushMr) &&
+         ex.flush_length <= kMaxMsgSize;
+}
+
+// The argument checks of ibv_post_send(3) for one WR; *total gets its length. `ex`: the
+// WR came from the ibv_wr_* API, with the operands ibv_send_wr cannot carry.
+int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total, const ExWr* ex) {
   // A C caller may store any integer in the enum: look at it as one before trusting it.
   uint32_t raw;
   std::memcpy(&raw, &wr->opcode, sizeof(raw));
-  if (raw > IBV_WR_ATOMIC_FETCH_AND_ADD || !opcode_allowed(qp->type, static_cast<ibv_wr_opcode>(raw)))
-    return EINVAL;
+  auto op = static_cast<ibv_wr_opcode>(raw);
+  if (ex && (op == IBV_WR_ATOMIC_WRITE || op == kWrFlush)) {
+    if (!extended_opcode_allowed(qp->type, op, *ex)) return EINVAL;
+    *total = op == kWrFlush ? ex->flush_length : 8;
+    return 0;
+  }
+  if (raw > IBV_WR_SEND_WITH_INV || !opcode_allowed(qp->type, op)) return EINVAL;
+  if (engine::is_local_op(op)) {  // no payload: the scatter/gather list is not looked at
+    *total = 0;
+    return 0;
+  }
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
   uint64_t sum = 0;
@@ -147,19 +177,35 @@ int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total) {
   if (atomic && (sum != 8 || (wr->send_flags & IBV_SEND_INLINE))) return EINVAL;
   bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
   if (inl && sum > qp->cap.max_inline_data) return EINVAL;
+  // UD: the AH is checked here, so that a batch of the ibv_wr_* API fails before any of it
+  // is posted.
+  if (qp->type == IBV_QPT_UD) {
+    Ah* ah = Ah::from(wr->wr.ud.ah);
+    if (!ah || ah->pd->ctx != qp->ctx) return EINVAL;
+  }
   return 0;
 }
 
 // Turns one checked send WR of `total` bytes into a WQE (copying inline data now: the
 // application may reuse the buffer as soon as ibv_post_send returns).
-int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w) {
+int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w, const ExWr* ex) {
   w->wr_id = wr->wr_id;
   w->opcode = wr->opcode;
   w->flags = wr->send_flags;
   w->imm = wr->imm_data;
   w->total_length = total;
+  if (wr->opcode == IBV_WR_BIND_MW) {
+    // Type 2 only: a type 1 window is bound by ibv_bind_mw (IBA 10.6.7.2).
+    if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2) return EINVAL;
+    return fill_bind_wqe(qp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info, w);
+  }
+  if (wr->opcode == IBV_WR_LOCAL_INV) return 0;  // w->imm is the key (the union)
+  // ATOMIC WRITE's 8 bytes and FLUSH's range are operands, not a gather list.
+  bool no_data = ex && (wr->opcode == IBV_WR_ATOMIC_WRITE || wr->opcode == kWrFlush);
   bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
-  if (inl) {
+  if (no_data) {
+    w->flags &= ~IBV_SEND_INLINE;
+  } else if (inl) {
     w->inline_data.resize(total);
     size_t off = 0;
     for (int i = 0; i < wr->num_sge; ++i) {
@@ -189,9 +235,19 @@ int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w) {
     default:
       break;
   }
+  if (ex && wr->opcode == IBV_WR_ATOMIC_WRITE) {
+    w->remote_addr = wr->wr.rdma.remote_addr;
+    w->rkey = wr->wr.rdma.rkey;
+    w->compare_add = ex->atomic_value;
+  } else if (ex && wr->opcode == kWrFlush) {
+    w->remote_addr = wr->wr.rdma.remote_addr;
+    w->rkey = wr->wr.rdma.rkey;
+    w->compare_add = ex->flush_type;
+    w->swap = ex->flush_level;
+  }
   if (qp->type == IBV_QPT_UD) {
-    Ah* ah = Ah::from(wr->wr.ud.ah);
-    if (!ah || ah->pd->ctx != qp->ctx) return EINVAL;
+    Ah* ah = Ah::from(wr->wr.ud.ah);  // checked by check_send_wr
+    if (!ah) return EINVAL;
     const auto& gids = Device::instance().gids();
     w->sgid = gids[ah->attr.grh.sgid_index].gid;
     w->dgid = ah->attr.grh.dgid;
@@ -447,6 +503,8 @@ int destroy_qp(Qp* qp) {
   engine::close_window(qp, false);
   engine::roce_release_gsi(qp);
   wire::unregister_qp(qp->qpn());  // no peer or timer can reach it any more
+  // Its number will name another QP: the type 2 windows bound to it go with it.
+  MrTable::instance().invalidate_windows_of(qp->qpn());
   engine::roce_destroy(qp);
   ibv_qp* q = qp->qp();
   drop_async_events_of(qp->ctx, EventElement::Qp, q);
@@ -463,30 +521,91 @@ int destroy_qp(Qp* qp) {
   return 0;
 }
 
+namespace {
+
+// The state in which a send WR may be posted; 0 if it may.
+int send_state_error(int st) {
+  return st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR ? EINVAL : 0;
+}
+
+// Posts one checked WR of `total` bytes (both APIs end here). Caller holds qp->sq_mu.
+int post_checked_locked(Qp* qp, const ibv_send_wr* wr, uint64_t total, int st, const ExWr* ex) {
+  // Nothing ahead of it: run it now, and queue it only if it must wait for a retry.
+  bool now = qp->sq.empty() && st == IBV_QPS_RTS;
+  if (now && engine::post_now(qp, wr, total)) return 0;
+  SendWqe w;
+  if (int err = build_send_wqe(qp, wr, total, &w, ex)) return err;
+  if (now && engine::run_wqe(qp, w, st)) return 0;
+  qp->sq.push_back(std::move(w));
+  return 0;
+}
+
+}  // namespace
+
+int post_wqe(Qp* qp, SendWqe&& w) {
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
+  int st = qp->state.load();
+  if (int err = send_state_error(st)) return err;
+  if (qp->sq.size() + engine::roce_in_flight(qp) >= qp->cap.max_send_wr) return ENOMEM;
+  if (!(qp->sq.empty() && st == IBV_QPS_RTS && engine::run_wqe(qp, w, st)))
+    qp->sq.push_back(std::move(w));
+  engine::run_send_queue(qp);
+  return 0;
+}
+
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::lock_guard<QueueMutex> lock(qp->sq_mu);
   int err = 0;
   for (; wr; wr = wr->next) {
     int st = qp->state.load();
-    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
-      err = EINVAL;
-      break;
-    }
+    if ((err = send_state_error(st))) break;
     if (qp->sq.size() + engine::roce_in_flight(qp) >= qp->cap.max_send_wr) {
       err = ENOMEM;
       break;
     }
     uint64_t total;
-    if ((err = check_send_wr(qp, wr, &total))) break;
-    // Nothing ahead of it: run it now, and queue it only if it must wait for a retry.
-    bool now = qp->sq.empty() && st == IBV_QPS_RTS;
-    if (now && engine::post_now(qp, wr, total)) continue;
-    SendWqe w;
-    if ((err = build_send_wqe(qp, wr, total, &w))) break;
-    if (now && engine::run_wqe(qp, w, st)) continue;
-    qp->sq.push_back(std::move(w));
+    if ((err = check_send_wr(qp, wr, &total, nullptr))) break;
+    if ((err = post_checked_locked(qp, wr, total, st, nullptr))) break;
   }
   if (err && bad) *bad = wr;
+  engine::run_send_queue(qp);
+  return err;
+}
+
+int post_send_batch(Qp* qp) {
+  ExBatch& b = qp->ex;
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
+  int st = qp->state.load();
+  int err = b.error ? b.error : send_state_error(st);
+  if (!err && qp->sq.size() + engine::roce_in_flight(qp) + b.count > qp->cap.max_send_wr)
+    err = ENOMEM;
+  // All or nothing (ibv_wr_post(3)): every WR is checked before the first is posted.
+  uint64_t totals_inline[8];
+  std::vector<uint64_t> totals_heap;
+  uint64_t* totals = totals_inline;
+  if (b.count > 8) {
+    totals_heap.resize(b.count);
+    totals = totals_heap.data();
+  }
+  for (size_t i = 0; !err && i < b.count; ++i) {
+    ExWr& e = b.wrs[i];
+    if (!e.inline_data.empty()) {
+      // The copy taken at wr_set_inline_data is what goes: as one inline SGE.
+      e.sges.resize(1);
+      e.sges[0] = {reinterpret_cast<uintptr_t>(e.inline_data.data()),
+                   static_cast<uint32_t>(e.inline_data.size()), 0};
+      e.wr.send_flags |= IBV_SEND_INLINE;
+    }
+    e.wr.sg_list = e.sges.data();
+    e.wr.num_sge = static_cast<int>(e.sges.size());
+    e.wr.next = nullptr;
+    err = check_send_wr(qp, &e.wr, &totals[i], &e);
+  }
+  for (size_t i = 0; !err && i < b.count; ++i)
+    err = post_checked_locked(qp, &b.wrs[i].wr, totals[i], st, &b.wrs[i]);
+  b.count = 0;
+  b.error = 0;
+  b.open = false;
   engine::run_send_queue(qp);
   return err;
 }

@@ -79,6 +79,19 @@ QueueMemory* queue_memory_of(Pd* pd);
 void free_parent_domain(Pd* pd);  // ibv_dealloc_pd of a parent domain without users
 
 ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr);
+
+// Memory windows (verbs/mw.cpp)
+ibv_mw* alloc_mw(Pd* pd, ibv_mw_type type);
+int dealloc_mw(Mw* mw);
+// ibv_bind_mw(3) (type 1): posts IBV_WR_BIND_MW with the next key (ibv_inc_rkey) and
+// writes that key to mw->ibv.rkey at once, as the man page says.
+int bind_mw(Qp* qp, Mw* mw, const ibv_mw_bind* bind);
+// Fills the bind of an IBV_WR_BIND_MW WQE (ibv_post_send, ibv_bind_mw, ibv_wr_bind_mw):
+// EINVAL when `mw` is not a window of qp's context. The rules are checked when it runs.
+int fill_bind_wqe(Qp* qp, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info, SendWqe* w);
+// Queues (or runs) one WQE built by the caller, as ibv_post_send does with the WQEs it
+// builds: EINVAL before RTS, ENOMEM when the send queue is full.
+int post_wqe(Qp* qp, SendWqe&& w);
 int destroy_ah(Ah* ah);
 
 // Completion channels and CQs
@@ -111,6 +124,12 @@ bool claim_gsi(Qp* qp);
 int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+// The extended QP API (ibv_wr_post(3), qp_ex.cpp): which send_ops_flags this device can
+// give a QP of `type` (EOPNOTSUPP for the rest), and the wr_* table of a QP created with them.
+int check_send_ops_flags(ibv_qp_type type, uint64_t flags);
+void install_qp_ex(Qp* qp, uint64_t send_ops_flags);
+// wr_complete: posts the batch qp->ex built, all of it or, on error, none; 0 or an errno.
+int post_send_batch(Qp* qp);
 int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Checks an ibv_modify_qp attribute mask against the IBA transition table (EINVAL if wrong).
 int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int mask);

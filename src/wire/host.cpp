@@ -4,7 +4,9 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <cstring>
 
 namespace softverbs::wire {
@@ -48,9 +50,33 @@ ibv_gid ipv4_mapped_gid(uint32_t addr_be) {
   return gid;
 }
 
+namespace {
+
+// One reading of the interfaces, tagged with the fork generation it was made in.
+struct Snapshot {
+  unsigned generation;
+  std::vector<HostAddress> list;
+};
+std::atomic<unsigned> g_generation{0};  // bumped in every forked child
+std::atomic<const Snapshot*> g_snapshot{nullptr};
+
+}  // namespace
+
 const std::vector<HostAddress>& host_addresses() {
-  static const std::vector<HostAddress>* list = new std::vector<HostAddress>(collect());
-  return *list;
+  // A forked child reads the interfaces again on first use: it may have entered another
+  // network namespace first (setns), becoming a process of another host, as the between-
+  // hosts tests' forked peers do. A snapshot, once handed out, is never freed (callers
+  // keep references); a process makes one, plus one per fork that asks again.
+  static const bool registered =
+      (pthread_atfork(nullptr, nullptr, [] { g_generation.fetch_add(1, std::memory_order_relaxed); }), true);
+  (void)registered;
+  unsigned generation = g_generation.load(std::memory_order_relaxed);
+  const Snapshot* s = g_snapshot.load(std::memory_order_acquire);
+  if (s && s->generation == generation) return s->list;
+  auto* fresh = new Snapshot{generation, collect()};
+  if (g_snapshot.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return fresh->list;
+  delete fresh;  // another thread was first
+  return s->list;
 }
 
 bool is_host_gid(const ibv_gid& gid) {

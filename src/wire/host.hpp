@@ -15,7 +15,8 @@ struct HostAddress {
 };
 
 // 127.0.0.1 first, so GID index 0 always names this host, then the other IPv4 addresses,
-// then IPv6 ones; at most 64. Read from the interfaces once, on first use.
+// then IPv6 ones; at most 64. Read from the interfaces on first use, and again on first
+// use in a forked child (which may have moved to another network namespace).
 const std::vector<HostAddress>& host_addresses();
 bool is_host_gid(const ibv_gid& gid);
 ibv_gid ipv4_mapped_gid(uint32_t addr_be);

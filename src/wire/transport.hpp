@@ -39,10 +39,12 @@ struct Request {
   ibv_qp_type type = IBV_QPT_RC;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   unsigned flags = 0;
-  uint32_t imm = 0;  // network order
+  uint32_t imm = 0;  // network order; SEND_WITH_INV: the R_Key to invalidate (host order)
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint32_t qkey = 0;  // UD: the effective Q_Key
+  // Atomics' operands; ATOMIC_WRITE: compare_add is the 8 bytes; FLUSH: compare_add the
+  // placement type, swap the selectivity level, length the range (common/verbs_ext.hpp).
   uint64_t compare_add = 0;
   uint64_t swap = 0;
   uint64_t length = 0;

@@ -45,7 +45,8 @@ static struct {
 	int gid_index, sends, lossy, vanish, timeout, retry;
 	unsigned long long seed;
 	const char *info_file;
-} opt = {IBV_QPT_RC, 1, 2000, 0, 0, 14, 7, 1, NULL};
+	const char *hold_file; /* the client ends only once it exists (the garbage is all sent) */
+} opt = {IBV_QPT_RC, 1, 2000, 0, 0, 14, 7, 1, NULL, NULL};
 
 /* What each side tells the other over TCP. */
 struct peer_info {
@@ -609,14 +610,15 @@ static void client_vanish(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: integrity [-t rc|uc|ud] [-g GID_INDEX] [-n SENDS] [-s SEED] [-w SECONDS]\n"
-			"       [-i INFO_FILE] [-l] [-v] [-T TIMEOUT] [-R RETRY_CNT] server PORT | client IP PORT\n");
+			"       [-i INFO_FILE] [-H HOLD_FILE] [-l] [-v] [-T TIMEOUT] [-R RETRY_CNT]\n"
+			"       server PORT | client IP PORT\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
 	int c, watchdog = 50;
-	while ((c = getopt(argc, argv, "t:g:n:s:w:i:lvT:R:")) != -1) {
+	while ((c = getopt(argc, argv, "t:g:n:s:w:i:H:lvT:R:")) != -1) {
 		switch (c) {
 		case 't':
 			opt.type = !strcmp(optarg, "ud")   ? IBV_QPT_UD
@@ -628,6 +630,7 @@ int main(int argc, char **argv)
 		case 's': opt.seed = strtoull(optarg, NULL, 0); break;
 		case 'w': watchdog = atoi(optarg); break;
 		case 'i': opt.info_file = optarg; break;
+		case 'H': opt.hold_file = optarg; break;
 		case 'l': opt.lossy = 1; break;
 		case 'v': opt.vanish = 1; break;
 		case 'T': opt.timeout = atoi(optarg); break;
@@ -705,6 +708,13 @@ int main(int argc, char **argv)
 		}
 		printf("%llu work requests completed in order in %lld ms\n",
 		       (unsigned long long)next_send_done, sv_now_ms() - t0);
+		if (opt.hold_file) {
+			/* A loaded machine may run the traffic faster than the garbage: the QP stays
+			 * up (the watchdog bounds the wait) until all of it has come. */
+			sv_step("waiting for %s", opt.hold_file);
+			while (access(opt.hold_file, F_OK) != 0)
+				usleep(10000);
+		}
 		say(0xd0e);
 	}
 	printf("PASS integrity\n");

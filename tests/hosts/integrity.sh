@@ -52,7 +52,7 @@ case $mode in
   vanish.*)
     # Budget: (3 + 1) x 4.096 us x 2^16 = 1074 ms.
     cli_opts=(-v -T 16 -R 3) srv_opts=(-v) ;;
-  garbage) common+=(-n 3000) srv_opts=(-i "$tmp/info") ;;
+  garbage) common+=(-n 3000) srv_opts=(-i "$tmp/info") cli_opts=(-H "$tmp/garbage.done") ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 if [[ $mode == rc.faults_nft ]]; then
@@ -111,7 +111,8 @@ case $mode in
       garbage_rc=$rc
       alive_after_garbage=0
       kill -0 "$cli_pid" 2>/dev/null && alive_after_garbage=1
-    fi ;;
+    fi
+    touch "$tmp/garbage.done" ;;  # the client may end now (it waits for this: -H)
 esac
 
 wait "$cli_pid"

@@ -12,13 +12,21 @@
   the device's address from its netdev, /sys/class/infiniband/DEV/device/net/, and skips
   without one; a device without a kernel driver has no such entry. See
   give_cm_tests_an_address.
+- With --peer-netns NS --peer-state-dir DIR --cm-active-addr ADDR, the passive side of
+  every rdma_cm test runs on another host: its forked process enters network namespace NS
+  (/run/netns/NS) and takes DIR as its SOFTVERBS_STATE_DIR before it does anything else;
+  the active side stays here and binds ADDR, an address of this host. --cm-addr is then
+  the other host's address. See put_passive_side_on_peer_host.
 
-Usage: suite.py [--seed N] [--cm-addr ADDR] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]
+Usage: suite.py [--seed N] [--cm-addr ADDR]
+                [--peer-netns NS --peer-state-dir DIR --cm-active-addr ADDR]
+                [--known-failures FILE]... RUN_TESTS_PY [ARGS...]
 A known-failures file holds one test per line, three fields separated by ' | ': the full
 test id, a regular expression that its failure ("ExceptionType: message") must match, and
 the reason. '#' starts a comment.
 Exit status: unittest's (non-zero on any failure or error), or 1 when no test ran.
 """
+import ctypes
 import os
 import random
 import re
@@ -57,10 +65,14 @@ def parse_args(argv):
     known = {}
     seed = None
     cm_addr = DEFAULT_CM_ADDR
-    while argv and argv[0] in ('--known-failures', '--seed', '--cm-addr'):
+    peer = {}
+    peer_options = ('--peer-netns', '--peer-state-dir', '--cm-active-addr')
+    while argv and argv[0] in ('--known-failures', '--seed', '--cm-addr') + peer_options:
         if len(argv) < 2:
             usage_error(f'{argv[0]} needs a value')
-        if argv[0] == '--seed':
+        if argv[0] in peer_options:
+            peer[argv[0][2:]] = argv[1]
+        elif argv[0] == '--seed':
             if not argv[1].isdigit():
                 usage_error(f'--seed wants a number, not "{argv[1]}"')
             seed = int(argv[1])
@@ -69,10 +81,12 @@ def parse_args(argv):
         else:
             known.update(read_known_failures(argv[1]))
         argv = argv[2:]
+    if peer and len(peer) != len(peer_options):
+        usage_error(' '.join(peer_options) + ' go together')
     if not argv:
-        usage_error('usage: suite.py [--seed N] [--cm-addr ADDR] [--known-failures FILE]... '
-                    'RUN_TESTS_PY [ARGS...]')
-    return seed, cm_addr, known, argv[0], argv[1:]
+        usage_error('usage: suite.py [--seed N] [--cm-addr ADDR] [--peer-netns NS '
+                    '--peer-state-dir DIR] [--known-failures FILE]... RUN_TESTS_PY [ARGS...]')
+    return seed, cm_addr, peer, known, argv[0], argv[1:]
 
 
 def test_cases(suite):
@@ -135,6 +149,69 @@ def give_cm_tests_an_address(cm_addr):
     base.RDMACMBaseTest._get_ip_mac = _get_ip_mac
 
 
+def enter_host(netns, state_dir):
+    """Makes this (freshly forked) process one of another host's: its network namespace
+    and its softverbs state directory, as tests/conformance/common.c's peers do."""
+    clone_newnet = 0x40000000
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f'/run/netns/{netns}', os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, clone_newnet) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f'setns({netns}): {os.strerror(err)}')
+    finally:
+        os.close(fd)
+    os.environ['SOFTVERBS_STATE_DIR'] = state_dir
+
+
+def use_own_source_address(active_addr):
+    """In the active process: rdma-core's CMResources (tests/base_rdmacm.py) resolve with
+    AddrInfo(src=ADDR, dst=ADDR); an AddrInfo whose source equals its destination gets
+    active_addr as its source instead."""
+    module = sys.modules.get('tests.base_rdmacm')
+    original = getattr(module, 'AddrInfo', None)
+    if original is None:
+        usage_error('tests/base_rdmacm.py has no AddrInfo: cannot give the active side its address')
+
+    def addr_info(*args, **kwargs):
+        if kwargs.get('dst') is not None and kwargs.get('src') == kwargs.get('dst'):
+            kwargs['src'] = active_addr
+        return original(*args, **kwargs)
+
+    module.AddrInfo = addr_info
+
+
+def put_passive_side_on_peer_host(netns, state_dir, active_addr):
+    """Runs the passive side of each rdma_cm test on the other host (--peer-netns).
+
+    RDMACMBaseTest.two_nodes_rdmacm_traffic forks a passive and an active process, each
+    running test_flow(passive=True/False); their barrier and queue are shared memory and
+    pipes, which work across network namespaces. The passive one enters the other host
+    first, then binds and listens on its address (--cm-addr); the active one, here,
+    resolves that address as another host's and connects over RoCE v2. rdma-core's
+    CMResources give the active side the same address as source and destination (one
+    host); here its source becomes active_addr, this host's. The multicast tests join on
+    both hosts and send across (IP multicast, docs/decisions/0008)."""
+    base = sys.modules.get('tests.base')
+    original = getattr(getattr(base, 'RDMACMBaseTest', None), 'two_nodes_rdmacm_traffic', None)
+    if original is None:
+        usage_error('tests/base.py has no RDMACMBaseTest.two_nodes_rdmacm_traffic: '
+                    '--peer-netns cannot place the passive side')
+
+    def two_nodes_rdmacm_traffic(self, connection_resources, test_flow, *args, **kwargs):
+        def flow(*flow_args, passive=None, **flow_kwargs):
+            if passive:
+                enter_host(netns, state_dir)
+            else:
+                use_own_source_address(active_addr)
+            return test_flow(*flow_args, passive=passive, **flow_kwargs)
+
+        flow.__name__ = getattr(test_flow, '__name__', 'flow')
+        return original(self, connection_resources, flow, *args, **kwargs)
+
+    base.RDMACMBaseTest.two_nodes_rdmacm_traffic = two_nodes_rdmacm_traffic
+
+
 def print_summary(result):
     known = sum(1 for _, why in result.skipped if why.startswith(KNOWN_FAILURE))
     skipped = len(result.skipped) - known
@@ -165,7 +242,7 @@ def loaded_libibverbs():
 
 
 def main():
-    seed, cm_addr, known, run_tests, args = parse_args(sys.argv[1:])
+    seed, cm_addr, peer, known, run_tests, args = parse_args(sys.argv[1:])
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     random.seed(seed)
@@ -174,6 +251,10 @@ def main():
     print(f'libibverbs: {loaded_libibverbs()}')
     print(f'random seed: {seed} (repeat this run with --seed {seed})')
     print(f'rdma_cm tests: address {cm_addr} for a device without a netdev', flush=True)
+    if peer:
+        print(f'rdma_cm tests: passive side in network namespace {peer["peer-netns"]}, '
+              f'SOFTVERBS_STATE_DIR={peer["peer-state-dir"]}; active side from '
+              f'{peer["cm-active-addr"]}', flush=True)
 
     results = []
     original_run = unittest.TextTestRunner.run
@@ -181,6 +262,9 @@ def main():
     def run(runner, suite):
         # Every test module is imported by now (the suite's tests/__init__.py does it).
         give_cm_tests_an_address(cm_addr)
+        if peer:
+            put_passive_side_on_peer_host(peer['peer-netns'], peer['peer-state-dir'],
+                                          peer['cm-active-addr'])
         for test in test_cases(suite):
             if test.id() in known:
                 expect_failure(test, *known[test.id()])

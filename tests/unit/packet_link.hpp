@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "engine/packet/packet_qp.hpp"
@@ -58,15 +59,29 @@ class Node : public pk::Env {
     (q == pk::WorkQueue::kSend ? scq : rcq).push_back(wc);
   }
   void raise_event(ibv_event_type type) override { events.push_back(type); }
+  // SEND_WITH_INV: the keys this node lets a peer invalidate (each once).
+  bool invalidate_rkey(uint32_t rkey) override { return invalidatable.erase(rkey) == 1; }
+  std::set<uint32_t> invalidatable;
   uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                           uint64_t swap) override {
     ++atomic_executions;
     uint64_t old;
     std::memcpy(&old, addr, 8);
-    uint64_t now = op == IBV_WR_ATOMIC_CMP_AND_SWP ? (old == compare_add ? swap : old)
-                                                   : old + compare_add;
+    uint64_t now = op == IBV_WR_ATOMIC_WRITE       ? compare_add
+                   : op == IBV_WR_ATOMIC_CMP_AND_SWP ? (old == compare_add ? swap : old)
+                                                     : old + compare_add;
     std::memcpy(addr, &now, 8);
     return old;
+  }
+
+  // FLUSH: the key and the flush access its placement type needs, over the range (or all).
+  bool flush(uint32_t key, uint64_t va, uint32_t len, uint8_t type, uint8_t level) override {
+    ++flushes;
+    int need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
+               ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
+    if (need == 0 || (need & ~mr_access) != 0) return false;
+    if (level == kFlushMr) return key == rkey;
+    return resolve_rkey(key, va, len, 0).ok;
   }
 
   uint64_t va(size_t offset) { return reinterpret_cast<uintptr_t>(mem.data() + offset); }
@@ -88,6 +103,7 @@ class Node : public pk::Env {
   bool timer_on = false;
   uint64_t timer_at = 0;
   int atomic_executions = 0;
+  int flushes = 0;
 };
 
 class Link {

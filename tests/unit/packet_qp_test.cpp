@@ -364,6 +364,69 @@ TEST(PacketQp, SqdFinishesWhatStartedAndReportsDrained) {
 
 // --- remote errors -------------------------------------------------------------------
 
+// IBA 1.5: ATOMIC WRITE stores 8 bytes, FLUSH names a range or the whole MR; each is one
+// PSN answered by an empty READ RESPONSE ONLY (as rxe answers them).
+TEST(PacketQp, AtomicWriteAndFlush) {
+  Pair p;
+  p.b.mr_access |= kAccessFlushGlobal;
+  pk::SendWqe w = wqe(1, IBV_WR_ATOMIC_WRITE, {});
+  w.remote_addr = p.b.va(64);
+  w.rkey = p.b.rkey;
+  w.compare_add = 0x0102030405060708ull;
+  EXPECT_EQ(p.a.qp.post_send(w), 0);
+  pk::SendWqe f = wqe(2, kWrFlush, {});
+  f.remote_addr = p.b.va(0);
+  f.rkey = p.b.rkey;
+  f.flush_length = 4096;
+  f.flush_type = kFlushGlobal;
+  f.flush_level = kFlushRange;
+  EXPECT_EQ(p.a.qp.post_send(f), 0);
+  f.wr_id = 3;
+  f.flush_level = kFlushMr;
+  EXPECT_EQ(p.a.qp.post_send(f), 0);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 3; }));
+  uint64_t v;
+  std::memcpy(&v, p.b.mem.data() + 64, 8);
+  EXPECT_EQ(v, 0x0102030405060708ull);
+  EXPECT_EQ(p.a.scq[0].opcode, IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(p.a.scq[0].byte_len, 8u);
+  EXPECT_EQ(p.a.scq[1].opcode, kWcFlush);
+  EXPECT_EQ(p.a.scq[1].byte_len, 4096u);
+  EXPECT_EQ(p.a.scq[2].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(p.b.flushes, 2);
+  EXPECT_EQ(count_opcode(p.a, rw::kAtomicWrite), 1);
+  EXPECT_EQ(count_opcode(p.a, rw::kFlush), 2);
+  EXPECT_EQ(count_opcode(p.b, rw::kReadResponseOnly), 3);
+  // Not on UC.
+  Pair uc(pk::QpType::kUc);
+  EXPECT_EQ(uc.a.qp.post_send(w), EINVAL);
+}
+
+TEST(PacketQp, FlushWithoutTheFlushAccessIsARemoteAccessError) {
+  Pair p;  // the MR has no flush access
+  pk::SendWqe f = wqe(1, kWrFlush, {});
+  f.remote_addr = p.b.va(0);
+  f.rkey = p.b.rkey;
+  f.flush_length = 64;
+  f.flush_type = kFlushPersistent;
+  p.a.qp.post_send(f);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
+  EXPECT_EQ(p.a.scq[0].status, IBV_WC_REM_ACCESS_ERR);
+  ASSERT_EQ(p.b.events.size(), 1u);
+  EXPECT_EQ(p.b.events[0], IBV_EVENT_QP_ACCESS_ERR);
+}
+
+TEST(PacketQp, AtomicWriteWithoutRemoteWriteIsARemoteAccessError) {
+  Pair p;
+  p.b.mr_access = IBV_ACCESS_REMOTE_READ;
+  pk::SendWqe w = wqe(1, IBV_WR_ATOMIC_WRITE, {});
+  w.remote_addr = p.b.va(64);
+  w.rkey = p.b.rkey;
+  p.a.qp.post_send(w);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
+  EXPECT_EQ(p.a.scq[0].status, IBV_WC_REM_ACCESS_ERR);
+}
+
 TEST(PacketQp, RemoteAccessErrorFailsBothSides) {
   Pair p;
   p.b.post_recv(7, 0, 100);
@@ -447,7 +510,7 @@ TEST(PacketQp, SendIntoAReceiveWithABadKey) {
 TEST(PacketQp, PostSendChecksAndErrorState) {
   Pair p;
   EXPECT_EQ(p.a.qp.post_send(wqe(1, IBV_WR_ATOMIC_FETCH_AND_ADD, {p.a.iov(0, 4)})), EINVAL);
-  EXPECT_EQ(p.a.qp.post_send(wqe(1, IBV_WR_SEND_WITH_INV, {})), EINVAL);
+  EXPECT_EQ(p.a.qp.post_send(wqe(1, IBV_WR_TSO, {})), EINVAL);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   p.b.post_recv(3, 0, 10);
@@ -459,6 +522,62 @@ TEST(PacketQp, PostSendChecksAndErrorState) {
   EXPECT_EQ(p.b.scq[0].status, IBV_WC_WR_FLUSH_ERR);
   Node lone(p.link, 0, pk::QpType::kRc, 5, 64);
   EXPECT_EQ(lone.qp.post_send(wqe(1, IBV_WR_SEND, {})), EINVAL);  // RESET
+}
+
+// SEND_WITH_INV: the IETH rides on the LAST (or ONLY) packet; the receiver invalidates the
+// key and reports it (IBV_WC_WITH_INV); a key it cannot invalidate fails both sides.
+TEST(PacketQp, SendWithInvalidate) {
+  Pair p;
+  p.b.invalidatable = {0x1234, 0x5678};
+  for (int i = 0; i < 3; ++i) p.b.post_recv(i, 8192 * i, 8192);
+  pk::SendWqe w = wqe(1, IBV_WR_SEND_WITH_INV, {p.a.iov(0, 3000)});
+  w.imm = 0x1234;  // host order, as ibv_send_wr.invalidate_rkey
+  p.a.qp.post_send(w);
+  w = wqe(2, IBV_WR_SEND_WITH_INV, {p.a.iov(0, 10)});
+  w.imm = 0x5678;
+  p.a.qp.post_send(w);
+  ASSERT_TRUE(p.link.run([&] { return p.b.rcq.size() == 2 && p.a.scq.size() == 2; }));
+  EXPECT_EQ(count_opcode(p.a, rw::kSendLastInv), 1);
+  EXPECT_EQ(count_opcode(p.a, rw::kSendOnlyInv), 1);
+  for (const WirePacket& wp : p.a.sent) {
+    if ((wp.pkt.opcode & 0x1f) == rw::kSendLastInv) {
+      EXPECT_EQ(wp.pkt.inv_rkey, 0x1234u);
+    }
+  }
+  EXPECT_EQ(p.b.rcq[0].wc_flags, unsigned(IBV_WC_WITH_INV));
+  EXPECT_EQ(p.b.rcq[0].imm_data, 0x1234u);
+  EXPECT_EQ(p.b.rcq[0].byte_len, 3000u);
+  EXPECT_EQ(p.b.rcq[1].imm_data, 0x5678u);
+  EXPECT_EQ(p.a.scq[0].opcode, IBV_WC_SEND);
+  EXPECT_TRUE(p.b.invalidatable.empty());
+  w = wqe(3, IBV_WR_SEND_WITH_INV, {p.a.iov(0, 10)});
+  w.imm = 0x1234;  // gone already
+  p.a.qp.post_send(w);
+  ASSERT_TRUE(p.link.run([&] { return p.b.rcq.size() == 3 && p.a.scq.size() == 3; }));
+  EXPECT_EQ(p.b.rcq[2].status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(p.a.scq[2].status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+}
+
+// Local operations (bind, invalidate) send nothing and complete in posting order; a failed
+// one fails the QP and flushes what follows.
+TEST(PacketQp, LocalOperationsCompleteInOrder) {
+  Pair p;
+  for (int i = 0; i < 2; ++i) p.b.post_recv(i, 4096 * i, 4096);
+  p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, 3000)}));
+  p.a.qp.post_send(wqe(2, IBV_WR_BIND_MW, {}));
+  p.a.qp.post_send(wqe(3, IBV_WR_SEND, {p.a.iov(0, 10)}));
+  pk::SendWqe bad = wqe(4, IBV_WR_LOCAL_INV, {});
+  bad.local_status = IBV_WC_LOC_QP_OP_ERR;
+  p.a.qp.post_send(bad);
+  p.a.qp.post_send(wqe(5, IBV_WR_SEND, {p.a.iov(0, 10)}));
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 5; }));
+  const uint64_t ids[] = {1, 2, 3, 4, 5};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(p.a.scq[i].wr_id, ids[i]);
+  EXPECT_EQ(p.a.scq[1].opcode, IBV_WC_BIND_MW);
+  EXPECT_EQ(p.a.scq[3].status, IBV_WC_LOC_QP_OP_ERR);
+  EXPECT_EQ(p.a.scq[4].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(p.a.qp.state(), IBV_QPS_ERR);
 }
 
 // --- the responder, packet by packet ---------------------------------------------------
@@ -540,6 +659,33 @@ TEST_F(ResponderTest, DuplicateAtomicIsReplayedNeverExecutedTwice) {
   b.qp.on_packet(atomic(0xfffffe, b.va(8)));
   EXPECT_EQ(b.atomic_executions, 6);
   EXPECT_EQ(b.sent.size(), 8u);
+}
+
+TEST_F(ResponderTest, DuplicateAtomicWriteIsAnsweredAgainNotExecutedAgain) {
+  pk::Packet w = request(rw::kAtomicWrite, 0xfffffe);
+  w.va = b.va(8);
+  w.rkey = b.rkey;
+  w.dma_len = 8;
+  const uint64_t value = 77;
+  w.payload = reinterpret_cast<const uint8_t*>(&value);
+  w.payload_len = 8;
+  b.qp.on_packet(w);
+  uint64_t later = 5;
+  std::memcpy(b.mem.data() + 8, &later, 8);  // someone wrote after it
+  b.qp.on_packet(w);                           // its duplicate
+  EXPECT_EQ(b.atomic_executions, 1);
+  uint64_t v;
+  std::memcpy(&v, b.mem.data() + 8, 8);
+  EXPECT_EQ(v, 5u);
+  ASSERT_EQ(b.sent.size(), 2u);
+  EXPECT_EQ(b.sent[1].pkt.opcode, rw::kRc | rw::kReadResponseOnly);
+  EXPECT_EQ(b.sent[1].pkt.psn, 0xfffffeu);
+  EXPECT_TRUE(b.sent[1].payload.empty());
+  // Misaligned, or not 8 bytes: invalid requests.
+  w.psn = 0xffffff;
+  w.payload_len = 4;
+  b.qp.on_packet(w);
+  EXPECT_EQ(b.sent.back().pkt.syndrome, pk::aeth_syndrome(rw::kAethNak, rw::kNakInvalidRequest));
 }
 
 TEST_F(ResponderTest, DuplicateReadIsReExecutedFromItsOwnReth) {

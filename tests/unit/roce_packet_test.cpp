@@ -16,12 +16,12 @@ TEST(RocePacketTest, HeaderSizesPerOpcode) {
     uint8_t opcode;
     size_t bytes;
   };
-  // BTH 12, RETH 16, AETH 4, AtomicETH 28, AtomicAckETH 8, ImmDt 4, IETH 4, DETH 8.
+  // BTH 12, RETH 16, AETH 4, AtomicETH 28, AtomicAckETH 8, ImmDt 4, IETH 4, DETH 8, FETH 4.
   const Expect expect[] = {
       {0x00, 12}, {0x01, 12}, {0x02, 12}, {0x03, 16}, {0x04, 12}, {0x05, 16},
       {0x06, 28}, {0x07, 12}, {0x08, 12}, {0x09, 16}, {0x0a, 28}, {0x0b, 32},
       {0x0c, 28}, {0x0d, 16}, {0x0e, 12}, {0x0f, 16}, {0x10, 16}, {0x11, 16},
-      {0x12, 24}, {0x13, 40}, {0x14, 40}, {0x16, 16}, {0x17, 16},
+      {0x12, 24}, {0x13, 40}, {0x14, 40}, {0x16, 16}, {0x17, 16}, {0x1c, 32}, {0x1d, 28},
       {0x20, 12}, {0x21, 12}, {0x22, 12}, {0x23, 16}, {0x24, 12}, {0x25, 16},
       {0x26, 28}, {0x27, 12}, {0x28, 12}, {0x29, 16}, {0x2a, 28}, {0x2b, 32},
       {0x64, 20}, {0x65, 24},
@@ -151,6 +151,45 @@ bool same_fields(const Packet& a, const Packet& b) {
          a.dma_len == b.dma_len && a.swap_add == b.swap_add && a.compare == b.compare &&
          a.syndrome == b.syndrome && a.msn == b.msn && a.orig == b.orig && a.imm == b.imm &&
          a.inv_rkey == b.inv_rkey && a.qkey == b.qkey && a.src_qp == b.src_qp;
+}
+
+// FLUSH: FETH (placement type bits 3-0, selectivity bits 5-4) before its RETH; ATOMIC
+// WRITE: a RETH and 8 bytes of payload (rxe_opcode.c, rxe_hdr.h).
+TEST(RocePacketTest, FlushAndAtomicWriteByteExact) {
+  Packet f;
+  f.opcode = kRc | kFlush;
+  f.flush_type = 3;
+  f.flush_level = 1;
+  f.va = 0x0102030405060708;
+  f.rkey = 0x11223344;
+  f.dma_len = 0x1000;
+  uint8_t out[64] = {};
+  ASSERT_EQ(encode(f, nullptr, 0, out, sizeof out), 36u);
+  const uint8_t feth_reth[20] = {0, 0, 0, 0x13, 1, 2, 3, 4, 5, 6, 7, 8,
+                                 0x11, 0x22, 0x33, 0x44, 0, 0, 0x10, 0};
+  EXPECT_EQ(memcmp(out + 12, feth_reth, 20), 0);
+  Packet d;
+  out[12] = 0xff;  // reserved FETH bits are ignored
+  ASSERT_TRUE(decode(out, 36, &d));
+  EXPECT_EQ(d.flush_type, 3);
+  EXPECT_EQ(d.flush_level, 1);
+  EXPECT_EQ(d.va, f.va);
+  EXPECT_EQ(d.dma_len, 0x1000u);
+  out[16] = 1;  // a payload on FLUSH is refused
+  EXPECT_EQ(decode_checked(out, 40, &d), DecodeError::kPayloadNotAllowed);
+
+  Packet w;
+  w.opcode = kRc | kAtomicWrite;
+  w.va = 8;
+  w.rkey = 9;
+  w.dma_len = 8;
+  const uint8_t value[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(encode(w, value, 8, out, sizeof out), 40u);
+  ASSERT_TRUE(decode(out, 40, &d));
+  EXPECT_EQ(d.payload_len, 8u);
+  EXPECT_EQ(memcmp(d.payload, value, 8), 0);
+  EXPECT_FALSE(opcode_valid(kUc | kAtomicWrite));
+  EXPECT_FALSE(opcode_valid(kUc | kFlush));
 }
 
 TEST(RocePacketTest, EveryOpcodeRoundTrips) {

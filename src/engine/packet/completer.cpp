@@ -47,6 +47,10 @@ bool PacketQp::ack_through(uint32_t psn) {
   bool responses_lost = false;
   while (!sq_.empty()) {
     SendEntry& h = sq_.front();
+    if (h.npkts == 0) {  // a local operation, now the oldest
+      retire_local_ops();
+      continue;
+    }
     if (!h.started || psn_diff(psn, h.first_psn) < 0) break;
     if (is_rd_atomic(h.wr.opcode)) {
       responses_lost = true;
@@ -153,6 +157,10 @@ void PacketQp::on_read_response(const Packet& pkt) {
   bool has_aeth = op != rw::kReadResponseMiddle;
   if (has_aeth && (pkt.syndrome & 0xe0) != rw::kAethAck) return;
   int i = find_entry(psn);
+  if (i >= 0 && is_flush_or_atomic_write(sq_[i].wr.opcode)) {
+    on_empty_read_response(pkt, i);
+    return;
+  }
   if (i < 0 || sq_[i].wr.opcode != IBV_WR_RDMA_READ) return;
   // A response to this READ acknowledges every request before it.
   if (i > 0 && !ack_through(psn_add(sq_[i].first_psn, kPsnMask))) return;
@@ -171,6 +179,19 @@ void PacketQp::on_read_response(const Packet& pkt) {
   if (!scatter(w.wr.sg, offset, pkt.payload, expect)) return;
   comp_psn_ = psn_add(psn, 1);
   if (last) complete_head(IBV_WC_SUCCESS);
+  progress_made();
+}
+
+// ATOMIC WRITE and FLUSH are done when their empty READ RESPONSE ONLY comes.
+void PacketQp::on_empty_read_response(const Packet& pkt, int i) {
+  uint32_t psn = pkt.psn & kPsnMask;
+  if ((pkt.opcode & 0x1f) != rw::kReadResponseOnly || pkt.payload_len != 0) return;
+  if (i > 0 && !ack_through(psn_add(psn, kPsnMask))) return;
+  if (sq_.empty() || psn_diff(psn, comp_psn_) != 0 ||
+      !is_flush_or_atomic_write(sq_.front().wr.opcode))
+    return;
+  comp_psn_ = psn_add(psn, 1);
+  complete_head(IBV_WC_SUCCESS);
   progress_made();
 }
 

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "common/verbs_ext.hpp"
 #include "wire/roce/packet.hpp"
 
 namespace softverbs::engine::packet {
@@ -35,7 +36,15 @@ inline int32_t psn_diff(uint32_t a, uint32_t b) {
 inline bool is_atomic(ibv_wr_opcode op) {
   return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
-inline bool is_rd_atomic(ibv_wr_opcode op) { return op == IBV_WR_RDMA_READ || is_atomic(op); }
+// IBA 1.5's ATOMIC WRITE and FLUSH: one packet each, answered (as rxe answers them) with an
+// RDMA READ RESPONSE ONLY without payload, and holding a READ/atomic resource meanwhile.
+inline bool is_flush_or_atomic_write(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_WRITE || op == kWrFlush;
+}
+inline bool is_single_packet(ibv_wr_opcode op) { return is_atomic(op) || is_flush_or_atomic_write(op); }
+inline bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || is_atomic(op) || is_flush_or_atomic_write(op);
+}
 
 // Header fields from two of packet.hpp's enums (kept apart there: transport | operation,
 // AETH kind | code).
@@ -55,16 +64,24 @@ enum class WorkQueue : uint8_t { kSend, kRecv };
 struct SendWqe {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
-                                       // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
+                                       // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD,
+                                       // ATOMIC_WRITE, FLUSH (kWrFlush)
   unsigned send_flags = 0;             // IBV_SEND_SIGNALED, _SOLICITED, _FENCE
-  uint32_t imm = 0;                    // network order
+  uint32_t imm = 0;                    // network order; SEND_WITH_INV: the R_Key (host)
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
-  uint64_t compare_add = 0;            // CMP_AND_SWP: compare; FETCH_AND_ADD: add
+  uint64_t compare_add = 0;            // CMP_AND_SWP: compare; FETCH_AND_ADD: add;
+                                       // ATOMIC_WRITE: the 8 bytes, as in memory
   uint64_t swap = 0;
+  uint32_t flush_length = 0;           // FLUSH: the range, placement type, selectivity
+  uint8_t flush_type = 0;
+  uint8_t flush_level = 0;
   uint32_t remote_qpn = 0;             // UD: the AH's destination
   uint32_t remote_qkey = 0;            // UD: high bit set = use the QP's own Q_Key
   std::vector<Iov> sg;                 // gather (SEND/WRITE) or scatter (READ, atomic: 8 B)
+  // IBV_WR_BIND_MW / IBV_WR_LOCAL_INV: the owner ran it when posting (nothing goes on the
+  // wire); it completes with this status once every WQE before it has completed.
+  ibv_wc_status local_status = IBV_WC_SUCCESS;
 };
 
 // One receive work request: its scatter list is its capacity.
@@ -81,7 +98,7 @@ struct Completion {
   ibv_wc_opcode opcode = IBV_WC_SEND;
   uint32_t vendor_err = 0;
   uint32_t byte_len = 0;
-  uint32_t imm_data = 0;  // network order
+  uint32_t imm_data = 0;  // network order; IBV_WC_WITH_INV: the invalidated R_Key (host)
   uint32_t qp_num = 0;
   uint32_t src_qp = 0;
   unsigned wc_flags = 0;  // IBV_WC_WITH_IMM, IBV_WC_GRH
@@ -115,9 +132,15 @@ class Env {
   virtual std::optional<RecvWqe> take_receive() = 0;
   virtual void push_completion(WorkQueue queue, const Completion& wc) = 0;
   virtual void raise_event(ibv_event_type type) = 0;
-  // Executes an atomic on 8 aligned bytes and returns the old value (host order).
+  // Executes an atomic on 8 aligned bytes and returns the old value (host order);
+  // IBV_WR_ATOMIC_WRITE stores compare_add.
   virtual uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                                   uint64_t swap) = 0;
+  // A FLUSH's work at the responder (core.hpp's flush_memory): false on an R_Key violation.
+  virtual bool flush(uint32_t rkey, uint64_t va, uint32_t len, uint8_t type, uint8_t level) = 0;
+  // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
+  // when it cannot (the receive fails, IBA class J). By default nothing can be.
+  virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
 };
 
 // Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
@@ -192,6 +215,7 @@ class PacketQp {
   void go_back_to(uint32_t psn);
   void complete_head(ibv_wc_status status);
   void complete_send(const SendEntry& e, ibv_wc_status status);
+  void retire_local_ops();
   void check_drained();
 
   // completer.cpp
@@ -200,6 +224,7 @@ class PacketQp {
   void on_nak(const Packet& pkt);
   void on_read_response(const Packet& pkt);
   void on_atomic_ack(const Packet& pkt);
+  void on_empty_read_response(const Packet& pkt, int i);
   void progress_made();
   void restart_retransmit_timer();
   void retry(bool from_timer);
@@ -217,6 +242,9 @@ class PacketQp {
   bool do_write(const Packet& pkt, uint8_t op);
   void do_read(const Packet& pkt, bool duplicate);
   void do_atomic(const Packet& pkt);
+  void do_atomic_write(const Packet& pkt);
+  void do_flush(const Packet& pkt);
+  void send_empty_read_response(uint32_t psn);
   void send_atomic_ack(uint32_t psn, uint64_t orig);
   bool hold_receive();
   void complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,

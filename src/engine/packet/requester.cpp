@@ -22,14 +22,19 @@ bool has_imm(ibv_wr_opcode op) {
 bool is_write(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
+bool is_local(ibv_wr_opcode op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  if (op == kWrFlush) return kWcFlush;  // not in the 44 headers' enum
   switch (op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE: return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
     default: return IBV_WC_SEND;
   }
 }
@@ -43,16 +48,19 @@ uint8_t segment_opcode(ibv_wr_opcode op, uint32_t k, uint32_t n) {
     if (last) return imm ? rw::kWriteLastImm : rw::kWriteLast;
     return rw::kWriteMiddle;
   }
-  if (first && last) return imm ? rw::kSendOnlyImm : rw::kSendOnly;
+  // SEND_WITH_INV: the IETH rides on the packet that ends the message.
+  const bool inv = op == IBV_WR_SEND_WITH_INV;
+  if (first && last) return inv ? rw::kSendOnlyInv : imm ? rw::kSendOnlyImm : rw::kSendOnly;
   if (first) return rw::kSendFirst;
-  if (last) return imm ? rw::kSendLastImm : rw::kSendLast;
+  if (last) return inv ? rw::kSendLastInv : imm ? rw::kSendLastImm : rw::kSendLast;
   return rw::kSendMiddle;
 }
 
 }  // namespace
 
 int PacketQp::post_send(SendWqe wqe) {
-  switch (wqe.opcode) {
+  if (wqe.opcode == kWrFlush && type_ != QpType::kRc) return EINVAL;
+  if (wqe.opcode != kWrFlush) switch (wqe.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
       break;
@@ -63,7 +71,13 @@ int PacketQp::post_send(SendWqe wqe) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:
+    case IBV_WR_SEND_WITH_INV:  // IBA has IETH opcodes for RC only
       if (type_ != QpType::kRc) return EINVAL;
+      break;
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+      if (type_ == QpType::kUd) return EINVAL;
       break;
     default:
       return EINVAL;
@@ -73,12 +87,15 @@ int PacketQp::post_send(SendWqe wqe) {
     if (length < 8) return EINVAL;
     length = 8;
   }
+  if (wqe.opcode == IBV_WR_ATOMIC_WRITE) length = rw::kAtomicWriteBytes;  // in compare_add
+  if (wqe.opcode == kWrFlush) length = wqe.flush_length;
   if (length > (uint64_t{1} << 31)) return EINVAL;
   if (type_ == QpType::kUd && length > mtu_) return EINVAL;
 
   SendEntry e;
   e.length = static_cast<uint32_t>(length);
-  e.npkts = is_atomic(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
+  e.npkts = is_single_packet(wqe.opcode) ? 1 : std::max<uint32_t>(1, (e.length + mtu_ - 1) / mtu_);
+  if (is_local(wqe.opcode)) e.length = e.npkts = 0;  // no PSN: nothing goes on the wire
   e.wr = std::move(wqe);
   if (state_ == IBV_QPS_ERR || state_ == IBV_QPS_SQE) {
     complete_send(e, IBV_WC_WR_FLUSH_ERR);
@@ -92,6 +109,19 @@ int PacketQp::post_send(SendWqe wqe) {
   return 0;
 }
 
+// Local operations ran when they were posted; each completes as soon as it is the oldest
+// (an error one fails the QP, as any failed WQE does).
+void PacketQp::retire_local_ops() {
+  while (!sq_.empty() && is_local(sq_.front().wr.opcode)) {
+    ibv_wc_status status = sq_.front().wr.local_status;
+    if (status != IBV_WC_SUCCESS) {
+      fail_head(status);
+      return;
+    }
+    complete_head(IBV_WC_SUCCESS);
+  }
+}
+
 uint32_t PacketQp::cursor_psn() const {
   if (cursor_ >= sq_.size()) return next_psn_;
   return psn_add(sq_[cursor_].first_psn, cursor_pkt_);
@@ -102,9 +132,17 @@ uint32_t PacketQp::cursor_psn() const {
 void PacketQp::pump() {
   if ((state_ != IBV_QPS_RTS && state_ != IBV_QPS_SQD) || rnr_wait_) return;
   const bool rc = type_ == QpType::kRc;
+  retire_local_ops();
   while (cursor_ < sq_.size()) {
     SendEntry& e = sq_[cursor_];
     if (state_ == IBV_QPS_SQD && !e.started) break;
+    if (is_local(e.wr.opcode)) {  // nothing to send; retired in order
+      e.started = true;
+      ++cursor_;
+      cursor_pkt_ = 0;
+      retire_local_ops();
+      continue;
+    }
     const bool rd_atomic = is_rd_atomic(e.wr.opcode);
     uint32_t psn = psn_add(e.first_psn, cursor_pkt_);
     if (rc) {
@@ -130,7 +168,10 @@ void PacketQp::pump() {
       ++cursor_;
       cursor_pkt_ = 0;
       // UC and UD have no acknowledgements: a WQE is done once it is on the wire.
-      if (!rc) complete_head(IBV_WC_SUCCESS);
+      if (!rc) {
+        complete_head(IBV_WC_SUCCESS);
+        retire_local_ops();
+      }
     }
     if (rc && !timer_armed_) restart_retransmit_timer();
   }
@@ -167,6 +208,24 @@ void PacketQp::transmit(SendEntry& e, uint32_t k) {
     p.swap_add = cas ? w.swap : w.compare_add;
     p.compare = cas ? w.compare_add : 0;
     p.ack_req = true;
+  } else if (w.opcode == IBV_WR_ATOMIC_WRITE) {
+    p.opcode = transport_bits() | rw::kAtomicWrite;
+    p.va = w.remote_addr;
+    p.rkey = w.rkey;
+    p.dma_len = rw::kAtomicWriteBytes;
+    // The 8 bytes go as they lie in the requester's memory (compare_add holds them so).
+    scratch_.push_back({reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&w.compare_add)),
+                        rw::kAtomicWriteBytes});
+    p.payload_len = rw::kAtomicWriteBytes;
+    p.ack_req = true;
+  } else if (w.opcode == kWrFlush) {
+    p.opcode = transport_bits() | rw::kFlush;
+    p.va = w.remote_addr;
+    p.rkey = w.rkey;
+    p.dma_len = e.length;
+    p.flush_type = w.flush_type;
+    p.flush_level = w.flush_level;
+    p.ack_req = true;
   } else {
     bool first = k == 0, last = k + 1 == e.npkts;
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(mtu_, e.length - offset));
@@ -177,6 +236,7 @@ void PacketQp::transmit(SendEntry& e, uint32_t k) {
       p.dma_len = e.length;
     }
     if (last && has_imm(w.opcode)) p.imm = w.imm;
+    if (last && w.opcode == IBV_WR_SEND_WITH_INV) p.inv_rkey = w.imm;
     if (last && (w.send_flags & IBV_SEND_SOLICITED) &&
         (!is_write(w.opcode) || has_imm(w.opcode)))
       p.solicited = true;
@@ -207,7 +267,7 @@ void PacketQp::go_back_to(uint32_t psn) {
     return;
   }
   cursor_ = static_cast<size_t>(i);
-  cursor_pkt_ = is_atomic(sq_[cursor_].wr.opcode)
+  cursor_pkt_ = is_single_packet(sq_[cursor_].wr.opcode)
                     ? 0
                     : static_cast<uint32_t>(psn_diff(psn, sq_[cursor_].first_psn));
 }

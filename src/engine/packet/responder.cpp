@@ -23,9 +23,10 @@ inline constexpr uint8_t kAckUnlimited = rw::kAethAck | 0x1f;  // ACK, credits u
 
 bool starts_message(uint8_t op) {
   switch (op) {
-    case rw::kSendFirst: case rw::kSendOnly: case rw::kSendOnlyImm:
+    case rw::kSendFirst: case rw::kSendOnly: case rw::kSendOnlyImm: case rw::kSendOnlyInv:
     case rw::kWriteFirst: case rw::kWriteOnly: case rw::kWriteOnlyImm:
     case rw::kReadRequest: case rw::kCompareSwap: case rw::kFetchAdd:
+    case rw::kFlush: case rw::kAtomicWrite:
       return true;
     default:
       return false;
@@ -34,15 +35,20 @@ bool starts_message(uint8_t op) {
 bool ends_message(uint8_t op) {
   switch (op) {
     case rw::kSendLast: case rw::kSendLastImm: case rw::kSendOnly: case rw::kSendOnlyImm:
+    case rw::kSendLastInv: case rw::kSendOnlyInv:
     case rw::kWriteLast: case rw::kWriteLastImm: case rw::kWriteOnly: case rw::kWriteOnlyImm:
     case rw::kReadRequest: case rw::kCompareSwap: case rw::kFetchAdd:
+    case rw::kFlush: case rw::kAtomicWrite:
       return true;
     default:
       return false;
   }
 }
-bool is_send_op(uint8_t op) { return op <= rw::kSendOnlyImm; }
+// SEND_LAST/ONLY_WITH_INVALIDATE (0x16, 0x17) are sends too; only RC has them.
+bool carries_ieth(uint8_t op) { return op == rw::kSendLastInv || op == rw::kSendOnlyInv; }
+bool is_send_op(uint8_t op) { return op <= rw::kSendOnlyImm || carries_ieth(op); }
 bool is_write_op(uint8_t op) { return op >= rw::kWriteFirst && op <= rw::kWriteOnlyImm; }
+bool is_flush_or_atomic_write_op(uint8_t op) { return op == rw::kFlush || op == rw::kAtomicWrite; }
 bool carries_imm(uint8_t op) {
   return op == rw::kSendLastImm || op == rw::kSendOnlyImm || op == rw::kWriteLastImm ||
          op == rw::kWriteOnlyImm;
@@ -91,7 +97,8 @@ void PacketQp::execute(const Packet& pkt) {
   const uint32_t psn = pkt.psn & kPsnMask;
   if (!rc) epsn_ = psn_add(psn, 1);
   bool known = is_send_op(op) || is_write_op(op) ||
-               (rc && (op == rw::kReadRequest || op == rw::kCompareSwap || op == rw::kFetchAdd));
+               (rc && (op == rw::kReadRequest || op == rw::kCompareSwap || op == rw::kFetchAdd ||
+                       is_flush_or_atomic_write_op(op)));
   if (!known) {
     if (rc) responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     return;
@@ -120,6 +127,14 @@ void PacketQp::execute(const Packet& pkt) {
     do_atomic(pkt);
     return;
   }
+  if (op == rw::kAtomicWrite) {
+    do_atomic_write(pkt);
+    return;
+  }
+  if (op == rw::kFlush) {
+    do_flush(pkt);
+    return;
+  }
   bool done = is_send_op(op) ? do_send(pkt, op) : do_write(pkt, op);
   if (!done || !rc) return;
   epsn_ = psn_add(psn, 1);
@@ -130,7 +145,8 @@ void PacketQp::execute(const Packet& pkt) {
 bool PacketQp::check_sequence(uint8_t op) const {
   switch (in_msg_) {
     case InMessage::kSend:
-      return op == rw::kSendMiddle || op == rw::kSendLast || op == rw::kSendLastImm;
+      return op == rw::kSendMiddle || op == rw::kSendLast || op == rw::kSendLastImm ||
+             op == rw::kSendLastInv;
     case InMessage::kWrite:
       return op == rw::kWriteMiddle || op == rw::kWriteLast || op == rw::kWriteLastImm;
     case InMessage::kNone:
@@ -143,7 +159,9 @@ bool PacketQp::check_sequence(uint8_t op) const {
 bool PacketQp::check_length(const Packet& pkt, uint8_t op) const {
   uint32_t n = pkt.payload_len;
   if (n != 0 && pkt.payload == nullptr) return false;
-  if (op == rw::kReadRequest || op == rw::kCompareSwap || op == rw::kFetchAdd) return n == 0;
+  if (op == rw::kReadRequest || op == rw::kCompareSwap || op == rw::kFetchAdd || op == rw::kFlush)
+    return n == 0;
+  if (op == rw::kAtomicWrite) return n == rw::kAtomicWriteBytes && pkt.dma_len == n;
   bool start = starts_message(op), end = ends_message(op);
   if (start && end) return n <= mtu_;
   if (start || !end) return n == mtu_;
@@ -177,6 +195,13 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
     return false;
   }
   recv_offset_ += pkt.payload_len;
+  if (carries_ieth(op) && !env_.invalidate_rkey(pkt.inv_rkey)) {
+    // The data is in; the R_Key is not ours to invalidate (rxe's "class J"): the receive
+    // fails and so does the QP; the requester hears Invalid Request.
+    complete_receive(IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0, nullptr, 0, 0);
+    responder_fatal(rw::kNakInvalidRequest, psn, std::nullopt);
+    return false;
+  }
   if (ends_message(op)) {
     // src_qp: the connected peer, as the same-host transport reports it (ibv_poll_cq(3)
     // promises it for UD only; programs moving between the two must see the same).
@@ -305,6 +330,55 @@ void PacketQp::do_atomic(const Packet& pkt) {
   send_atomic_ack(psn, orig);
 }
 
+// ATOMIC WRITE: 8 aligned bytes stored at once; the MR needs REMOTE_WRITE (as rxe).
+void PacketQp::do_atomic_write(const Packet& pkt) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  if (pkt.va & 7) {
+    responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, rw::kAtomicWriteBytes, IBV_ACCESS_REMOTE_WRITE);
+  if (!r.ok) {
+    responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
+    return;
+  }
+  uint64_t value;
+  std::memcpy(&value, pkt.payload, sizeof value);  // check_length: exactly 8 bytes
+  env_.atomic_execute(r.addr, IBV_WR_ATOMIC_WRITE, value, 0);
+  msn_ = psn_add(msn_, 1);
+  epsn_ = psn_add(psn, 1);
+  send_empty_read_response(psn);
+}
+
+// FLUSH: the placement type names the access the MR (and QP) must grant; the selectivity
+// level, the range (RETH) or the whole MR.
+void PacketQp::do_flush(const Packet& pkt) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  bool type_ok = pkt.flush_type != 0 && !(pkt.flush_type & ~(kFlushGlobal | kFlushPersistent));
+  if (!type_ok || pkt.flush_level > kFlushMr) {
+    responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  if (!env_.flush(pkt.rkey, pkt.va, pkt.dma_len, pkt.flush_type, pkt.flush_level)) {
+    responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
+    return;
+  }
+  msn_ = psn_add(msn_, 1);
+  epsn_ = psn_add(psn, 1);
+  send_empty_read_response(psn);
+}
+
+// How rxe answers ATOMIC WRITE and FLUSH: an RDMA READ RESPONSE ONLY without payload.
+void PacketQp::send_empty_read_response(uint32_t psn) {
+  Packet r;
+  r.opcode = bth_opcode(rw::kRc, rw::kReadResponseOnly);
+  r.dest_qp = dest_qpn_;
+  r.psn = psn;
+  r.syndrome = kAckUnlimited;
+  r.msn = msn_;
+  env_.send_packet(r, {});
+}
+
 void PacketQp::send_atomic_ack(uint32_t psn, uint64_t orig) {
   Packet r;
   r.opcode = bth_opcode(rw::kRc, rw::kAtomicAck);
@@ -333,6 +407,8 @@ void PacketQp::on_duplicate(const Packet& pkt) {
       }
     }
     // Not cached any more: dropped (executing it again could be wrong).
+  } else if (is_flush_or_atomic_write_op(op)) {
+    send_empty_read_response(psn);  // done once already: only the answer was lost
   }
 }
 
@@ -367,6 +443,10 @@ void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint
     if (carries_imm(last->opcode & 0x1f)) {
       wc.imm_data = last->imm;
       wc.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if (carries_ieth(last->opcode & 0x1f)) {
+      wc.imm_data = last->inv_rkey;  // ibv_wc.invalidated_rkey shares it (host order)
+      wc.wc_flags |= IBV_WC_WITH_INV;
     }
     wc.solicited = last->solicited;
   }

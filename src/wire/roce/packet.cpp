@@ -13,6 +13,7 @@ namespace {
 
 constexpr uint8_t header_size_of(uint32_t flags) {
   uint32_t n = kBthBytes;
+  if (flags & kHasFeth) n += kFethBytes;
   if (flags & kHasReth) n += kRethBytes;
   if (flags & kHasDeth) n += kDethBytes;
   if (flags & kHasAeth) n += kAethBytes;
@@ -60,6 +61,8 @@ constexpr Entry kRcOps[] = {
     {kFetchAdd, kRequest | kAtomicOp | kOnly | kHasAtomicEth, "FETCH_ADD"},
     {kSendLastInv, kSendReq | kLast | kHasIeth, "SEND_LAST_WITH_INVALIDATE"},
     {kSendOnlyInv, kSendReq | kOnly | kHasIeth, "SEND_ONLY_WITH_INVALIDATE"},
+    {kFlush, kRequest | kFlushOp | kOnly | kHasFeth | kHasReth, "FLUSH"},
+    {kAtomicWrite, kRequest | kAtomicWriteOp | kOnly | kHasReth | kHasPayload, "ATOMIC_WRITE"},
 };
 
 struct Table {
@@ -125,6 +128,10 @@ size_t encode_headers(const Packet& p, uint32_t payload_len, uint8_t* out, size_
   put24(h + 9, p.psn);
   h += kBthBytes;
 
+  if (info.flags & kHasFeth) {
+    put32(h, uint32_t(p.flush_type & 0x0f) | uint32_t(p.flush_level & 0x03) << 4);
+    h += kFethBytes;
+  }
   if (info.flags & kHasReth) {
     put64(h, p.va);
     put32(h + 8, p.rkey);
@@ -214,6 +221,12 @@ DecodeError decode_checked(const uint8_t* dgram, size_t len, Packet* out) {
   p.psn = get24(dgram + 9);
 
   const uint8_t* h = dgram + kBthBytes;
+  if (info.flags & kHasFeth) {
+    uint32_t feth = get32(h);  // bits 31-6 reserved: ignored
+    p.flush_type = uint8_t(feth & 0x0f);
+    p.flush_level = uint8_t((feth >> 4) & 0x03);
+    h += kFethBytes;
+  }
   if (info.flags & kHasReth) {
     p.va = get64(h);
     p.rkey = get32(h + 8);

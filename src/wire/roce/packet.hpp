@@ -23,6 +23,11 @@ inline constexpr uint32_t kAtomicAckEthBytes = 8;
 inline constexpr uint32_t kImmBytes = 4;
 inline constexpr uint32_t kIethBytes = 4;
 inline constexpr uint32_t kDethBytes = 8;
+// FLUSH Extended Transport Header (IBA 1.5, as rxe_hdr.h): placement type in bits 3-0,
+// selectivity level in bits 5-4 of one big-endian word.
+inline constexpr uint32_t kFethBytes = 4;
+// ATOMIC WRITE's payload: exactly 8 bytes.
+inline constexpr uint32_t kAtomicWriteBytes = 8;
 
 // BTH opcodes: the high three bits name the transport, the low five the operation.
 enum Transport : uint8_t { kRc = 0x00, kUc = 0x20, kRd = 0x40, kUd = 0x60, kCnp = 0x80 };
@@ -50,6 +55,9 @@ enum Op : uint8_t {
   kFetchAdd = 0x14,
   kSendLastInv = 0x16,
   kSendOnlyInv = 0x17,
+  // IBA 1.5 (rxe_opcode.c): answered with an RDMA READ RESPONSE ONLY without payload.
+  kFlush = 0x1c,        // FETH then RETH (the range), no payload
+  kAtomicWrite = 0x1d,  // RETH, then the 8 bytes as payload
 };
 // kRc | kSendOnly is an opcode (and without this, C++20 deprecates mixing two enums).
 constexpr uint8_t operator|(Transport t, Op op) { return uint8_t(uint8_t(t) | uint8_t(op)); }
@@ -97,6 +105,9 @@ struct Packet {
   // DETH
   uint32_t qkey = 0;
   uint32_t src_qp = 0;      // 24 bits
+  // FETH
+  uint8_t flush_type = 0;   // placement type, 4 bits
+  uint8_t flush_level = 0;  // selectivity level, 2 bits
   // The payload: after the headers, without pad bytes and ICRC. Decode points into the
   // datagram it parsed; encode copies from here (or takes the payload separately).
   const uint8_t* payload = nullptr;
@@ -104,8 +115,8 @@ struct Packet {
 };
 
 // What an opcode carries and means, from the opcode table. Extension headers follow the
-// BTH in the order RETH/DETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH (IBA 9.2-9.3;
-// only WRITE_ONLY_IMM and UD SEND_ONLY_IMM have two).
+// BTH in the order FETH, RETH/DETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH (IBA 9.2-9.3;
+// only WRITE_ONLY_IMM, UD SEND_ONLY_IMM and FLUSH have two).
 enum OpcodeFlag : uint32_t {
   kHasReth = 1u << 0,
   kHasAeth = 1u << 1,
@@ -126,6 +137,9 @@ enum OpcodeFlag : uint32_t {
   kReadOp = 1u << 16,      // READ request and READ response packets
   kAtomicOp = 1u << 17,    // CMP_SWAP, FETCH_ADD and ATOMIC_ACK
   kAckOp = 1u << 18,       // the plain ACK/NAK opcode
+  kHasFeth = 1u << 19,
+  kFlushOp = 1u << 20,       // FLUSH
+  kAtomicWriteOp = 1u << 21, // ATOMIC WRITE
 };
 
 struct OpcodeInfo {

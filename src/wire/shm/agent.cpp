@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/verbs_ext.hpp"
 #include "wire/shm/mr_shm.hpp"
 #include "wire/registry.hpp"
 
@@ -85,11 +86,14 @@ bool valid_opcode(uint32_t op) {
   switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV:
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:  // its 8 bytes travel in compare_add
+    case kWrFlush:             // type and level in compare_add and swap
       return true;
     default:
       return false;
@@ -107,8 +111,8 @@ sockaddr_un make_address(int slot, socklen_t* len) {
 }
 
 bool carries_payload(uint32_t op) {
-  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
-         op == IBV_WR_RDMA_WRITE_WITH_IMM;
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
+         op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
 uint64_t returned_length(uint32_t op, uint64_t length) {

@@ -76,6 +76,8 @@ enum ArmWord : int { kArmNone = 0, kArmSolicited = 1, kArmNext = 2 };
 
 // One entry of a process's published MR table, indexed by key >> 8. `key` is written last
 // on registration and cleared first on deregistration; readers re-check it after reading.
+// A bound memory window has an entry too, for the part of its MR it opens: iova is where
+// its remote addresses start (0 when zero-based), addr and shm where that part lies.
 struct MrShared {
   std::atomic<uint32_t> key;  // 0: free
   uint32_t access;
@@ -85,6 +87,8 @@ struct MrShared {
   uint64_t addr;  // in the owner's address space
   uint64_t shm;   // offset of addr in the owner's MR memfd (wire/mr_shm.hpp), 0: not there
   uint64_t shm_length;  // bytes from addr on that are there (whole pages)
+  uint32_t qpn;   // a type 2 memory window: the one QP that may use it; 0: any of the PD
+  uint32_t reserved;
 };
 inline constexpr uint32_t kMrTableCap = 1u << 16;
 
