@@ -79,6 +79,8 @@ int op_query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t le
   return 0;
 }
 
+void fill_odp_dm_attr(ibv_device_attr_ex* attr);  // odp-dm (below)
+
 int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
                        ibv_device_attr_ex* attr, size_t attr_size) {
   if (input && input->comp_mask) return EINVAL;
@@ -92,6 +94,7 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   full.device_cap_flags_ex |= kDeviceAtomicWrite | kDeviceFlushGlobal | kDeviceFlushPersistent;
   // Extended CQs: completion timestamps and their clock, no CQ moderation (ex-cq).
   fill_cq_ex_attr(&full);
+  fill_odp_dm_attr(&full);  // odp-dm
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
@@ -208,6 +211,75 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   return qp;
 }
 
+// --- ODP, device memory, thread and parent domains (issue 13, odp-dm) ---
+int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                 uint32_t num_sge) {
+  Pd* p = Pd::from(pd);
+  return p ? advise_mr(p, advice, flags, sg_list, num_sge) : EINVAL;
+}
+
+ibv_dm* op_alloc_dm(ibv_context* context, ibv_alloc_dm_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return alloc_dm(ctx, attr);
+}
+
+int op_free_dm(ibv_dm* dm) {
+  Dm* d = Dm::from(dm);
+  return d ? free_dm(d) : EINVAL;
+}
+
+ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned access) {
+  Pd* p = Pd::from(pd);
+  Dm* d = Dm::from(dm);
+  if (!p || !d) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return reg_dm_mr(p, d, offset, length, access);
+}
+
+ibv_td* op_alloc_td(ibv_context* context, ibv_td_init_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return alloc_td(ctx, attr);
+}
+
+int op_dealloc_td(ibv_td* td) {
+  Td* t = Td::from(td);
+  return t ? dealloc_td(t) : EINVAL;
+}
+
+ibv_pd* op_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return alloc_parent_domain(ctx, attr);
+}
+
+// What query_device_ex says about them: ODP on every transport and operation we have
+// (implicit ODP too), and device memory.
+void fill_odp_dm_attr(ibv_device_attr_ex* attr) {
+  attr->odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  const uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                      IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  attr->odp_caps.per_transport_caps.rc_odp_caps = rc;
+  attr->odp_caps.per_transport_caps.uc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+  attr->odp_caps.per_transport_caps.ud_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  attr->max_dm_size = kMaxDmSize;
+}
+// --- end odp-dm ---
+
 }  // namespace
 
 void fill_context_ops(Context* ctx) {
@@ -248,22 +320,15 @@ void fill_context_ops(Context* ctx) {
   unsupported(ops._compat_async_event);
 
   v.query_port = &op_query_port;
-  unsupported(v.advise_mr);
   unsupported(v.alloc_null_mr);
   unsupported(v.read_counters);
   unsupported(v.attach_counters_point_flow);
   unsupported(v.create_counters);
   unsupported(v.destroy_counters);
-  unsupported(v.reg_dm_mr);
-  unsupported(v.alloc_dm);
-  unsupported(v.free_dm);
   unsupported(v.modify_flow_action_esp);
   unsupported(v.destroy_flow_action);
   unsupported(v.create_flow_action_esp);
   unsupported(v.modify_qp_rate_limit);
-  unsupported(v.alloc_parent_domain);
-  unsupported(v.dealloc_td);
-  unsupported(v.alloc_td);
   v.modify_cq = &op_modify_cq;  // ex-cq
   unsupported(v.post_srq_ops);
   unsupported(v.destroy_rwq_ind_table);
@@ -286,6 +351,14 @@ void fill_context_ops(Context* ctx) {
   v.create_srq_ex = &op_create_srq_ex;  // ex-cq
   unsupported(v.open_xrcd);
   unsupported(v.close_xrcd);
+  // odp-dm: ODP prefetch, device memory, thread and parent domains.
+  v.advise_mr = &op_advise_mr;
+  v.alloc_dm = &op_alloc_dm;
+  v.free_dm = &op_free_dm;
+  v.reg_dm_mr = &op_reg_dm_mr;
+  v.alloc_td = &op_alloc_td;
+  v.dealloc_td = &op_dealloc_td;
+  v.alloc_parent_domain = &op_alloc_parent_domain;
   v.sz = sizeof(verbs_context);
 }
 

@@ -196,8 +196,11 @@ struct ibv_mr* ibv_reg_mr_iova(struct ibv_pd* pd, void* addr, size_t length, uin
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
-struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
-  return fail<ibv_mr>(EOPNOTSUPP);  // no dma-buf exporters without a kernel driver
+struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size_t length,
+                                 uint64_t iova, int fd, int access) {
+  Pd* p = Pd::from(pd);
+  return p ? reg_dmabuf_mr(p, offset, length, iova, fd, static_cast<unsigned>(access))
+           : fail<ibv_mr>(EINVAL);
 }
 
 int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, void* addr, size_t length,
@@ -219,8 +222,14 @@ int ibv_dereg_mr(struct ibv_mr* mr) {
 
 struct ibv_mr* ibv_import_mr(struct ibv_pd*, uint32_t) { return fail<ibv_mr>(EOPNOTSUPP); }
 void ibv_unimport_mr(struct ibv_mr*) {}
-struct ibv_dm* ibv_import_dm(struct ibv_context*, uint32_t) { return fail<ibv_dm>(EOPNOTSUPP); }
-void ibv_unimport_dm(struct ibv_dm*) {}
+struct ibv_dm* ibv_import_dm(struct ibv_context* context, uint32_t dm_handle) {
+  Context* ctx = Context::from(context);
+  return ctx ? import_dm(ctx, dm_handle) : fail<ibv_dm>(EINVAL);
+}
+
+void ibv_unimport_dm(struct ibv_dm* dm) {
+  if (Dm* d = Dm::from(dm)) unimport_dm(d);
+}
 
 struct ibv_ah* ibv_create_ah(struct ibv_pd* pd, struct ibv_ah_attr* attr) {
   Pd* p = Pd::from(pd);

@@ -11,6 +11,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "common/page_fault.hpp"
 #include "common/read_mostly_lock.hpp"
 #include "core/objects.hpp"
 
@@ -118,18 +119,26 @@ class MrTable {
   uint64_t changes_ = 0;
 };
 
+// The access that writes the memory (for an ODP fault: fault the pages in writable).
+inline constexpr unsigned kWritingAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+
 // Resolves one SGE against an MR of `pd` with the given access; returns false if the key,
 // PD, range or access does not fit. Caller holds MrTable::lock(). Inline: every message
 // resolves two or three SGEs.
 inline bool resolve_sge(Pd* pd, uint32_t key, uint64_t addr, uint64_t length,
                         unsigned need_access, iovec* out) {
   Mr* mr = MrTable::instance().find(key);
-  if (!mr || mr->pd != pd) return false;
+  if (!mr || mr->pd->prot != pd->prot) return false;
   if ((mr->access & need_access) != need_access) return false;
   if (addr < mr->iova || length > mr->length || addr - mr->iova > mr->length - length)
     return false;
-  out->iov_base = static_cast<char*>(mr->ibv.addr) + (addr - mr->iova);
+  out->iov_base = mr->host + (addr - mr->iova);
   out->iov_len = length;
+  // On-demand paging: the pages need not be there until the access, which faults them in;
+  // a fault that fails (unmapped, read only) is the access error, as on a NIC.
+  if (mr->access & IBV_ACCESS_ON_DEMAND) [[unlikely]]
+    return fault_in(out->iov_base, length, (need_access & kWritingAccess) != 0);
   return true;
 }
 

@@ -94,10 +94,10 @@ void MrTable::write_shared_entry(const Mr* mr) {
   wire::MrShared& e = shared_[index];
   e.key.store(0, std::memory_order_release);  // readers re-check the key after reading
   e.access = mr->access;
-  e.pd_token = reinterpret_cast<uint64_t>(mr->pd);
+  e.pd_token = reinterpret_cast<uint64_t>(mr->pd->prot);
   e.iova = mr->iova;
   e.length = mr->length;
-  e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr);
+  e.addr = reinterpret_cast<uint64_t>(mr->host);
   e.shm = mr->shm;
   e.shm_length = mr->shm_length;
   e.qpn = 0;

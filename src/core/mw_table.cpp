@@ -72,10 +72,10 @@ void MrTable::publish_window(const Mw* mw) {
   const Mr* mr = mw->mr;
   uint64_t offset = mw->addr - mr->iova;  // where the window starts in the MR
   e.access = mw->access & kRemoteAccess;
-  e.pd_token = reinterpret_cast<uint64_t>(mw->pd);
+  e.pd_token = reinterpret_cast<uint64_t>(mw->pd->prot);
   e.iova = (mw->access & IBV_ACCESS_ZERO_BASED) ? 0 : mw->addr;
   e.length = mw->length;
-  e.addr = reinterpret_cast<uint64_t>(mr->ibv.addr) + offset;
+  e.addr = reinterpret_cast<uint64_t>(mr->host) + offset;
   e.shm = mr->shm && offset < mr->shm_length ? mr->shm + offset : 0;
   e.shm_length = e.shm ? mr->shm_length - offset : 0;
   e.qpn = mw->qpn;
@@ -92,7 +92,7 @@ ibv_wc_status MrTable::bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn) {
   const bool type2 = mw->ibv.type == IBV_MW_TYPE_2;
   // The new key keeps the window's index: a consumer chooses only its low 8 bits.
   if ((b.rkey >> 8) != mw->index) return kError;
-  if (mw->pd != qp_pd) return kError;  // C10-72 (type 2); type 1 binds on a QP of its PD too
+  if (mw->pd->prot != qp_pd->prot) return kError;  // C10-72 (type 2); type 1 binds on a QP of its PD too
   if (type2) {
     if (mw->mr) return kError;                       // o10-37.2.30: bound; invalidate first
     if (b.length == 0) return kError;                // o10-37.2.40: not an unbind
@@ -102,7 +102,7 @@ ibv_wc_status MrTable::bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn) {
   Mr* mr = nullptr;
   if (b.length) {
     mr = find(b.mr_lkey);
-    if (!mr || mr->pd != mw->pd) return kError;
+    if (!mr || mr->pd->prot != mw->pd->prot) return kError;
     if (!(mr->access & IBV_ACCESS_MW_BIND)) return kError;        // C10-73
     if (mr->access & IBV_ACCESS_ZERO_BASED) return kError;
     if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
@@ -129,7 +129,7 @@ bool MrTable::invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool remote) {
   Mw* mw = index < windows_.size() ? windows_[index] : nullptr;
   if (!mw) return false;
   std::lock_guard<SpinLock> g(mw->mu);
-  if (mw->rkey != key || mw->ibv.type != IBV_MW_TYPE_2 || !mw->mr || mw->pd != qp_pd)
+  if (mw->rkey != key || mw->ibv.type != IBV_MW_TYPE_2 || !mw->mr || mw->pd->prot != qp_pd->prot)
     return false;
   if (remote && mw->qpn != qpn) return false;
   release_binding(mw);
@@ -143,15 +143,18 @@ bool MrTable::resolve_window(Pd* pd, uint32_t qpn, uint32_t key, uint64_t addr,
   if (!mw) return false;
   std::lock_guard<SpinLock> g(mw->mu);
   const Mr* mr = mw->mr;
-  if (!mr || mw->rkey != key || mw->pd != pd) return false;
+  if (!mr || mw->rkey != key || mw->pd->prot != pd->prot) return false;
   if (mw->ibv.type == IBV_MW_TYPE_2 && mw->qpn != qpn) return false;  // type 2B
   if ((mw->access & need) != need) return false;
   // Remote addresses count from the window's start when it is zero-based.
   uint64_t base = (mw->access & IBV_ACCESS_ZERO_BASED) ? 0 : mw->addr;
   if (!inside(addr, length, base, mw->length)) return false;
   uint64_t iova = mw->addr + (addr - base);
-  out->iov_base = static_cast<char*>(mr->ibv.addr) + (iova - mr->iova);
+  out->iov_base = mr->host + (iova - mr->iova);
   out->iov_len = length;
+  // A window on an ODP MR: its pages are faulted in as the MR's own key would (core.hpp).
+  if (mr->access & IBV_ACCESS_ON_DEMAND)
+    return fault_in(out->iov_base, length, (need & kWritingAccess) != 0);
   return true;
 }
 

@@ -42,6 +42,8 @@ enum Magic : uint32_t {
   kQpMagic = 0x53565150,
   kSrqMagic = 0x53565352,
   kAhMagic = 0x53564148,
+  kDmMagic = 0x5356444d,
+  kTdMagic = 0x53565444,
   kMwMagic = 0x5356574d,
   kDead = 0xdeaddead,
 };
@@ -70,27 +72,72 @@ struct Context {
   void post_async(const ibv_async_event& ev) { async_queue.push(ev); }
 };
 
+struct ParentDomain;
+struct DmMemory;
+
 struct Pd {
   ibv_pd ibv;
   uint32_t magic = kPdMagic;
   Context* ctx;
   std::atomic<int> users{0};  // MRs, QPs, SRQs, AHs
+  // What protection checks compare: the PD itself, or for a parent domain the PD it extends
+  // ("completely interchangeable with the struct ibv_pd used to create it",
+  // ibv_alloc_parent_domain(3)).
+  Pd* prot = this;
+  ParentDomain* parent = nullptr;  // a parent domain's TD and allocator (verbs/domains.cpp)
   static Pd* from(ibv_pd* p);
 };
 
 struct Mr {
   ibv_mr ibv;
   uint32_t magic = kMrMagic;
-  Pd* pd;
+  Pd* pd;           // as given (a parent domain stays one); checks compare pd->prot
   uint64_t iova;    // address the remote side names (iova2)
   uint64_t length;
   unsigned access;
+  // Where the byte named by `iova` is in this process. ibv.addr for an ordinary MR; not it
+  // for a device-memory MR (addr NULL, zero based), a dma-buf MR (addr = the offset), or an
+  // implicit ODP MR (NULL, covering the whole address space: host == iova == 0).
+  char* host = nullptr;
+  std::shared_ptr<DmMemory> dm;  // a device-memory MR's allocation (kept while the MR lives)
+  void* dmabuf_map = nullptr;    // a dma-buf MR's mapping of the dma-buf, unmapped at dereg
+  size_t dmabuf_map_length = 0;
   uint64_t shm = 0;  // offset of ibv.addr in the MR memfd when its pages were moved there
   uint64_t shm_length = 0;  // bytes from ibv.addr on that were moved
   // Memory windows bound to it (changed under the key lock, shared, and the window's mu):
   // while any is, ibv_dereg_mr and ibv_rereg_mr fail (ibv_alloc_mw(3), IBA 10.6.7.2.6).
   std::atomic<int> bound_windows{0};
   static Mr* from(ibv_mr* m);
+};
+
+// Device memory (ibv_alloc_dm): host memory of the allocating process, page aligned so that
+// an MR over it with remote access moves into the shared MR memfd like any other
+// (decision 0005) and peers on this host reach it with loads and stores.
+struct DmMemory {
+  char* base = nullptr;
+  size_t length = 0;          // as allocated
+  size_t mapped = 0;          // length rounded up to pages
+  std::atomic<int> mrs{0};    // MRs on it: ibv_free_dm answers EBUSY while there are any
+  ~DmMemory();
+};
+
+struct Dm {
+  ibv_dm ibv;
+  uint32_t magic = kDmMagic;
+  Context* ctx;
+  std::shared_ptr<DmMemory> mem;
+  bool imported = false;  // ibv_import_dm: unimport frees only this handle
+  static Dm* from(ibv_dm* d);
+};
+
+// A thread domain (ibv_alloc_td): objects on it are used by one thread at a time. We keep
+// our locks anyway (uncontended they are cheap), which the man page allows.
+struct Td {
+  ibv_td ibv;
+  uint32_t magic = kTdMagic;
+  Context* ctx;
+  std::atomic<int> users{0};  // parent domains using it
+  static Td* from(ibv_td* t);
 };
 
 // A memory window (ibv_alloc_mw(3), IBA 10.6.7): a key for remote access to part of an MR,

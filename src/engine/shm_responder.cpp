@@ -45,6 +45,15 @@ void kill_window_locked(Qp* t) {
   t->window_slots.store(nullptr, std::memory_order_relaxed);
 }
 
+// Whether a receive lands in an on-demand-paging MR (caller holds the key lock).
+bool any_on_demand(const RecvWqe& r) {
+  for (const Sge& s : r.sges) {
+    const Mr* mr = MrTable::instance().find(s.lkey);
+    if (mr && (mr->access & IBV_ACCESS_ON_DEMAND)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 uint32_t receive_capacity(Qp* t, RecvWqe& r) {
@@ -53,7 +62,8 @@ uint32_t receive_capacity(Qp* t, RecvWqe& r) {
   int64_t cap = resolve_recv(t, r, dst, &n);
   r.place = nullptr;
   if (cap < 0) return 0;
-  if (n == 1) {
+  // An ODP buffer is resolved (its pages faulted in) again when the message lands.
+  if (n == 1 && !any_on_demand(r)) {
     r.place = dst[0].iov_base;
     r.place_len = static_cast<uint32_t>(dst[0].iov_len);
     r.place_changes = MrTable::instance().changes();
@@ -102,7 +112,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
     hdr->qp_access.store(t->attr.qp_access_flags, std::memory_order_relaxed);
     hdr->max_dest_rd_atomic = t->attr.max_dest_rd_atomic;
   }
-  hdr->pd_token = reinterpret_cast<uint64_t>(t->pd);
+  hdr->pd_token = reinterpret_cast<uint64_t>(t->pd->prot);
   hdr->mr_table_offset = mr_table;
   hdr->mr_table_cap = mr_table ? wire::kMrTableCap : 0;
   hdr->owner_pid = wire::self_pid();

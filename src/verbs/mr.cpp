@@ -1,5 +1,8 @@
 // Protection domains, memory regions and their key table.
+#include <sys/mman.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <mutex>
 
 #include "core/device.hpp"
@@ -26,10 +29,17 @@ bool peers_may_access(unsigned access) {
                    IBV_ACCESS_MW_BIND);
 }
 
+// Whether an MR's pages move into the shared MR memfd (decision 0005). Not ODP ones: their
+// range need not be mapped, and peers reach them by cross-memory attach (which faults the
+// pages in, or fails cleanly), or through our agent, whose access faults them in.
+bool movable(const Mr* mr) {
+  return peers_may_access(mr->access) && !(mr->access & IBV_ACCESS_ON_DEMAND) && mr->host &&
+         mr->length;
+}
+
 int check_access(unsigned access) {
   access &= ~kAccessOptional;
   if (access & ~kAccessKnown) return EINVAL;
-  if (access & IBV_ACCESS_ON_DEMAND) return EOPNOTSUPP;  // no ODP yet
   // IBA: remote write or atomic access requires local write.
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(access & IBV_ACCESS_LOCAL_WRITE))
@@ -53,20 +63,20 @@ ibv_pd* alloc_pd(Context* ctx) {
 
 int dealloc_pd(Pd* pd) {
   if (pd->users.load() != 0) return EBUSY;
+  if (pd->parent) {
+    free_parent_domain(pd);
+    return 0;
+  }
   pd->magic = kDead;
   delete pd;
   return 0;
 }
 
-ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
-  if (int err = check_access(access)) {
-    errno = err;
-    return nullptr;
-  }
-  if (length == 0 || (!addr && length) || length > ~0ull - reinterpret_cast<uintptr_t>(addr)) {
-    errno = EINVAL;
-    return nullptr;
-  }
+int check_mr_access(unsigned access) { return check_access(access); }
+
+// The registration every kind of MR ends in: `host` is where the byte named by `iova` is in
+// this process, `addr` what the application sees in ibv_mr.addr.
+Mr* make_mr(Pd* pd, char* host, void* addr, size_t length, uint64_t iova, unsigned access) {
   auto* mr = new (std::nothrow) Mr{};
   if (!mr) {
     errno = ENOMEM;
@@ -76,12 +86,13 @@ ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access
   mr->iova = iova;
   mr->length = length;
   mr->access = access & ~kAccessOptional;
+  mr->host = host;
   mr->ibv.context = pd->ibv.context;
   mr->ibv.pd = &pd->ibv;
   mr->ibv.addr = addr;
   mr->ibv.length = length;
   size_t shared = 0;
-  mr->shm = peers_may_access(mr->access) ? wire::mr_shm_acquire(addr, length, &shared) : 0;
+  mr->shm = movable(mr) ? wire::mr_shm_acquire(host, length, &shared) : 0;
   mr->shm_length = shared;
   uint32_t key = MrTable::instance().insert(mr);
   mr->ibv.handle = key;
@@ -89,7 +100,25 @@ ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access
   mr->ibv.rkey = key;
   MrTable::instance().publish(mr);
   pd->users++;
-  return &mr->ibv;
+  return mr;
+}
+
+ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
+  if (int err = check_access(access)) {
+    errno = err;
+    return nullptr;
+  }
+  // Implicit ODP (ibv_reg_mr(3)): (NULL, SIZE_MAX, ON_DEMAND) covers the whole address
+  // space, addresses are virtual addresses, so the iova must be 0.
+  const bool implicit = !addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND);
+  if ((implicit && iova != 0) ||
+      (!implicit && (length == 0 || !addr ||
+                     length > ~0ull - reinterpret_cast<uintptr_t>(addr)))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Mr* mr = make_mr(pd, static_cast<char*>(addr), addr, length, iova, access);
+  return mr ? &mr->ibv : nullptr;
 }
 
 int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
@@ -101,15 +130,19 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || length == 0))
     return IBV_REREG_MR_ERR_INPUT;
   if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
+  // Device memory, dma-buf and implicit ODP MRs have no user address to move to.
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && mr->host != mr->ibv.addr)
+    return IBV_REREG_MR_ERR_INPUT;
   std::unique_lock lock(MrTable::instance().lock());
   // Windows bound to it keep what they were bound to (as ibv_dereg_mr fails, IBA 10.6.7.2.6).
   if (mr->bound_windows.load(std::memory_order_relaxed) > 0) return IBV_REREG_MR_ERR_INPUT;
   MrTable::instance().note_change();
   // The pages moved for the old translation or access go back; the new ones move if they may.
-  if (mr->shm) wire::mr_shm_release(mr->ibv.addr);
+  if (mr->shm) wire::mr_shm_release(mr->host);
   mr->shm = mr->shm_length = 0;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     mr->ibv.addr = addr;
+    mr->host = static_cast<char*>(addr);
     mr->ibv.length = length;
     mr->iova = reinterpret_cast<uintptr_t>(addr);
     mr->length = length;
@@ -122,9 +155,9 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
     mr->ibv.pd = &pd->ibv;
     pd->users++;
   }
-  if (peers_may_access(mr->access)) {
+  if (movable(mr)) {
     size_t shared = 0;
-    mr->shm = wire::mr_shm_acquire(mr->ibv.addr, mr->length, &shared);
+    mr->shm = wire::mr_shm_acquire(mr->host, mr->length, &shared);
     mr->shm_length = shared;
   }
   lock.unlock();
@@ -137,7 +170,9 @@ int dereg_mr(Mr* mr) {
   // it (ibv_alloc_mw(3): "ibv_dereg_mr() fails if any memory window is still bound to this
   // MR"). EBUSY, as for a PD still in use; rxe answers EINVAL.
   if (!MrTable::instance().erase_unbound(mr)) return EBUSY;
-  if (mr->shm) wire::mr_shm_release(mr->ibv.addr);
+  if (mr->shm) wire::mr_shm_release(mr->host);
+  if (mr->dmabuf_map) munmap(mr->dmabuf_map, mr->dmabuf_map_length);
+  if (mr->dm) mr->dm->mrs--;
   mr->pd->users--;
   mr->magic = kDead;
   delete mr;

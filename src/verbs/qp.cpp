@@ -43,7 +43,10 @@ int check_values(Qp* qp, const ibv_qp_attr* a, int mask) {
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
       (a->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                              kAccessFlushGlobal | kAccessFlushPersistent)))
+                              kAccessFlushGlobal | kAccessFlushPersistent |
+                              // odp-dm: an MR flag that applications (pyverbs' ODP tests)
+                              // pass here too; the kernel takes and ignores it.
+                              IBV_ACCESS_ON_DEMAND)))
     return EINVAL;
   if (mask & IBV_QP_AV) {
     // RoCE: the address vector must carry a GRH with a valid source GID index.
@@ -336,6 +339,11 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   } else {
     cap.max_recv_wr = std::max<uint32_t>(cap.max_recv_wr, 1);
     cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
+  }
+  // On a parent domain with an allocator, the receive ring is the application's memory.
+  if (!srq && !queue_memory_for(pd, &qp->rq, kResourceQp, cap.max_recv_wr)) {
+    delete qp;
+    return nullptr;
   }
   qp->ctx = ctx;
   qp->pd = pd;
@@ -656,6 +664,10 @@ ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
     return nullptr;
   }
   a.max_sge = std::max<uint32_t>(a.max_sge, 1);
+  if (!queue_memory_for(pd, &srq->rq, kResourceSrq, a.max_wr)) {
+    delete srq;
+    return nullptr;
+  }
   srq->ctx = pd->ctx;
   srq->pd = pd;
   srq->max_wr = a.max_wr;

@@ -40,6 +40,44 @@ int dealloc_pd(Pd* pd);
 ibv_mr* reg_mr(Pd* pd, void* addr, size_t length, uint64_t iova, unsigned access);
 int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access);
 int dereg_mr(Mr* mr);
+// The kinds of MR (verbs/device_memory.cpp, dmabuf.cpp) end in this registration: `host` is
+// where the byte named by `iova` is in this process, `addr` what ibv_mr.addr shows.
+// nullptr + errno on failure.
+Mr* make_mr(Pd* pd, char* host, void* addr, size_t length, uint64_t iova, unsigned access);
+int check_mr_access(unsigned access);  // 0 or EINVAL (unknown bits, remote write without local)
+
+// On-demand paging (verbs/odp.cpp): ibv_advise_mr(3); 0 or an errno value.
+int advise_mr(Pd* pd, uint32_t advice, uint32_t flags, const ibv_sge* sg_list, uint32_t num_sge);
+
+// Device memory (verbs/device_memory.cpp): ibv_alloc_dm(3), ibv_reg_dm_mr, ibv_import_dm.
+// What ibv_query_device_ex reports as max_dm_size: the most one process may hold at once.
+inline constexpr size_t kMaxDmSize = 256 * 1024;
+ibv_dm* alloc_dm(Context* ctx, const ibv_alloc_dm_attr* attr);
+int free_dm(Dm* dm);
+ibv_mr* reg_dm_mr(Pd* pd, Dm* dm, uint64_t offset, size_t length, unsigned access);
+ibv_dm* import_dm(Context* ctx, uint32_t handle);
+void unimport_dm(Dm* dm);
+
+// dma-buf MRs (verbs/dmabuf.cpp): ibv_reg_dmabuf_mr(3). EBADF for a bad fd, EINVAL for one
+// that is not a dma-buf (what the kernel answers); the bytes are reached through an mmap of
+// the dma-buf. reg_fd_mr is the part after the dma-buf check, for any fd mmap accepts.
+ibv_mr* reg_dmabuf_mr(Pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                      unsigned access);
+ibv_mr* reg_fd_mr(Pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                  unsigned access);
+
+// Thread and parent domains (verbs/domains.cpp): ibv_alloc_td(3), ibv_alloc_parent_domain(3).
+ibv_td* alloc_td(Context* ctx, const ibv_td_init_attr* attr);
+int dealloc_td(Td* td);
+ibv_pd* alloc_parent_domain(Context* ctx, const ibv_parent_domain_init_attr* attr);
+// Gives a new receive queue its ring from the parent domain's allocator, when `pd` is a
+// parent domain with one; false (errno set) when that allocator failed.
+bool queue_memory_for(Pd* pd, RingQueue<RecvWqe>* rq, uint64_t resource_type, size_t n);
+// The queue memory of parent domain `pd`, or nullptr (a plain PD, or no allocator): for
+// other queues a provider allocates (an extended CQ's ring, resource kResourceCq).
+QueueMemory* queue_memory_of(Pd* pd);
+void free_parent_domain(Pd* pd);  // ibv_dealloc_pd of a parent domain without users
+
 ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr);
 
 // Memory windows (verbs/mw.cpp)
