@@ -6,7 +6,10 @@
  * API on every device but Mellanox's and EFA (docs/qp-ex.md). The two APIs alternate in
  * blocks, so that whatever else the machine does falls on both; per API it prints the
  * median and the minimum of the blocks' mean time per operation.
- *   wr_api_ab [BLOCKS [OPS_PER_BLOCK]]   (run it through `softverbs run`)
+ *   wr_api_ab [BLOCKS [OPS_PER_BLOCK [local]]]   (run it through `softverbs run`)
+ * `local`: the peer QP is in the same process (no fork), which valgrind can run (it lacks
+ * pidfd_open, which a peer process needs): for counting instructions per operation with
+ * callgrind (bench/wr_api/callgrind.sh).
  */
 #include "common.h"
 
@@ -44,9 +47,11 @@ static int cmp(const void *a, const void *b)
 int main(int argc, char **argv)
 {
 	int blocks = argc > 1 ? atoi(argv[1]) : 200, per = argc > 2 ? atoi(argv[2]) : 500;
+	int local = argc > 3 && strcmp(argv[3], "local") == 0;
 	sv_init("wr_api_ab");
-	pid_t pid;
-	sock = sv_fork_peer(peer, &pid);
+	pid_t pid = 0;
+	if (!local)
+		sock = sv_fork_peer(peer, &pid);
 	struct sv_one_qp p;
 	memset(&p, 0, sizeof(p));
 	sv_open(&p.dev);
@@ -69,9 +74,19 @@ int main(int argc, char **argv)
 	CHECK(qx != NULL);
 	p.mr = sv_alloc_mr(p.dev.pd, 1 << 16, SV_ACCESS_ALL);
 	struct sv_remote r;
-	sv_trade_remote(sock, p.qp, p.mr, &r);
-	sv_one_qp_connect(&p, r.qpn, 0, 0, 0);
-	CHECK_EQ(sv_hear(sock), 1);
+	struct ibv_qp *local_peer = NULL;
+	struct ibv_cq *local_cq = NULL;
+	if (local) {
+		local_cq = sv_create_cq(&p.dev, 64, NULL, NULL);
+		local_peer = sv_create_qp(&p.dev, &p.cfg, local_cq, local_cq, NULL, NULL);
+		sv_connect(&p.dev, p.qp, local_peer, &p.cfg);
+		r.addr = sv_addr(p.mr, 0);
+		r.rkey = p.mr->rkey;
+	} else {
+		sv_trade_remote(sock, p.qp, p.mr, &r);
+		sv_one_qp_connect(&p, r.qpn, 0, 0, 0);
+		CHECK_EQ(sv_hear(sock), 1);
+	}
 
 	const struct {
 		const char *name;
@@ -127,11 +142,17 @@ int main(int argc, char **argv)
 		printf("%-22s ibv_post_send median %7.1f ns min %7.1f | ibv_wr_* median %7.1f ns min %7.1f\n",
 		       ops[k].name, t[0][blocks / 2], t[0][0], t[1][blocks / 2], t[1][0]);
 	}
-	sv_say(sock, 2);
+	if (local) {
+		CHECK_OK(ibv_destroy_qp(local_peer));
+		CHECK_OK(ibv_destroy_cq(local_cq));
+	} else {
+		sv_say(sock, 2);
+	}
 	sv_free_mr(p.mr);
 	p.mr = NULL;
 	sv_one_qp_close(&p);
-	sv_wait_peer(pid, "peer");
+	if (!local)
+		sv_wait_peer(pid, "peer");
 	sv_pass();
 	return 0;
 }

@@ -334,18 +334,27 @@ struct Ah {
 };
 
 // The work requests an ibv_qp_ex is building between wr_start and wr_complete (qp_ex.cpp):
-// each is what ibv_post_send would have been given, plus what ibv_send_wr cannot say.
+// each is what ibv_post_send would have been given, plus what ibv_send_wr cannot say. The
+// wr_* calls write it in place, so wr_complete hands it to the checks as it is.
 struct ExWr {
-  ibv_send_wr wr{};  // sg_list and num_sge are set when the batch is posted
-  SmallVec<ibv_sge, 2> sges;
+  // Where wr.sg_list points (kept pointing there when the batch's storage moves).
+  enum class Gather : uint8_t { kNone, kOne, kList, kInline };
+  ibv_send_wr wr;        // only what the checks and the WQE read is set (begin_wr)
+  unsigned app_flags;    // qp->wr_flags when the WR was started
+  Gather gather;
+  uint64_t length;       // the bytes of its gather list or inline data, summed when set
+  ibv_sge sge;           // wr_set_sge's one SGE, or the inline bytes as one SGE
+  SmallVec<ibv_sge, 2> sges;          // wr_set_sge_list
   SmallVec<uint8_t, 64> inline_data;  // wr_set_inline_data(_list): copied at the call
-  uint64_t flush_length = 0;          // FLUSH: the range
-  uint8_t flush_type = 0;
-  uint8_t flush_level = 0;
-  uint64_t atomic_value = 0;          // ATOMIC_WRITE: the 8 bytes
+  uint64_t flush_length;              // FLUSH: the range
+  uint8_t flush_type;
+  uint8_t flush_level;
+  uint64_t atomic_value;              // ATOMIC_WRITE: the 8 bytes
 };
 struct ExBatch {
   std::vector<ExWr> wrs;  // [0, count): this batch; the rest keep their storage for reuse
+  ExWr* slots = nullptr;  // wrs.data(), for the wr_* calls' fast path
+  size_t limit = 0;       // wrs.size() while open, else 0: count < limit, room for a WR
   size_t count = 0;
   int error = 0;          // the first error a wr_* call met: wr_complete returns it
   bool open = false;      // between wr_start and wr_complete/wr_abort
@@ -388,6 +397,9 @@ struct Qp {
 
   QueueMutex sq_mu;  // lock order: a QP's sq_mu before any rq lock; never two sq_mu
   std::deque<SendWqe> sq;
+  // Work requests posted through each API (under sq_mu; send_api_tally.cpp sums them).
+  uint64_t posted_by_post_send = 0;
+  uint64_t posted_by_wr_api = 0;
   bool sq_drain_notify = false;  // SQD entered with en_sqd_async_notify
   Clock::time_point retry_at{};  // head WQE waits until then (RNR / no response)
   bool retry_scheduled = false;

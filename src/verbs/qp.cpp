@@ -151,18 +151,27 @@ bool extended_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op, const ExWr& ex)
          ex.flush_length <= kMaxMsgSize;
 }
 
-// The argument checks of ibv_post_send(3) for one WR; *total gets its length. `ex`: the
-// WR came from the ibv_wr_* API, with the operands ibv_send_wr cannot carry.
-int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total, const ExWr* ex) {
+// The checks of a WR's payload of `sum` bytes, for both APIs: atomics take 8 bytes and no
+// inline, inline data fits, and a UD WR names an AH of this device (checked here, so that a
+// batch of the ibv_wr_* API fails before any of it is posted).
+[[gnu::always_inline]] inline int check_payload(Qp* qp, const ibv_send_wr* wr, uint64_t sum) {
+  bool atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+  if (atomic && (sum != 8 || (wr->send_flags & IBV_SEND_INLINE))) return EINVAL;
+  bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
+  if (inl && sum > qp->cap.max_inline_data) return EINVAL;
+  if (qp->type == IBV_QPT_UD) {
+    Ah* ah = Ah::from(wr->wr.ud.ah);
+    if (!ah || ah->pd->ctx != qp->ctx) return EINVAL;
+  }
+  return 0;
+}
+
+// The argument checks of ibv_post_send(3) for one WR; *total gets its length.
+int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total) {
   // A C caller may store any integer in the enum: look at it as one before trusting it.
   uint32_t raw;
   std::memcpy(&raw, &wr->opcode, sizeof(raw));
   auto op = static_cast<ibv_wr_opcode>(raw);
-  if (ex && (op == IBV_WR_ATOMIC_WRITE || op == kWrFlush)) {
-    if (!extended_opcode_allowed(qp->type, op, *ex)) return EINVAL;
-    *total = op == kWrFlush ? ex->flush_length : 8;
-    return 0;
-  }
   if (raw > IBV_WR_SEND_WITH_INV || !opcode_allowed(qp->type, op)) return EINVAL;
   if (engine::is_local_op(op)) {  // no payload: the scatter/gather list is not looked at
     *total = 0;
@@ -173,17 +182,26 @@ int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total, const ExWr* ex
   uint64_t sum = 0;
   for (int i = 0; i < wr->num_sge; ++i) sum += wr->sg_list[i].length;
   *total = sum;
-  bool atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-  if (atomic && (sum != 8 || (wr->send_flags & IBV_SEND_INLINE))) return EINVAL;
-  bool inl = (wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ;
-  if (inl && sum > qp->cap.max_inline_data) return EINVAL;
-  // UD: the AH is checked here, so that a batch of the ibv_wr_* API fails before any of it
-  // is posted.
-  if (qp->type == IBV_QPT_UD) {
-    Ah* ah = Ah::from(wr->wr.ud.ah);
-    if (!ah || ah->pd->ctx != qp->ctx) return EINVAL;
+  return check_payload(qp, wr, sum);
+}
+
+// The same for a WR of the ibv_wr_* API, minus what its wr_* calls made sure of: its opcode
+// is one the QP's send_ops_flags enabled (checked against the QP type at create, and only
+// those ops are in its table); its SGE count and inline length were checked, and its
+// length summed, when they were set (qp_ex.cpp).
+[[gnu::always_inline]] inline int check_ex_wr(Qp* qp, const ExWr& e, uint64_t* total) {
+  ibv_wr_opcode op = e.wr.opcode;
+  if (op == IBV_WR_ATOMIC_WRITE || op == kWrFlush) {
+    if (!extended_opcode_allowed(qp->type, op, e)) return EINVAL;
+    *total = op == kWrFlush ? e.flush_length : 8;
+    return 0;
   }
-  return 0;
+  if (engine::is_local_op(op)) {
+    *total = 0;
+    return 0;
+  }
+  *total = e.length;
+  return check_payload(qp, &e.wr, e.length);
 }
 
 // Turns one checked send WR of `total` bytes into a WQE (copying inline data now: the
@@ -514,6 +532,7 @@ int destroy_qp(Qp* qp) {
   qp->recv_cq->users--;
   if (qp->srq) qp->srq->users--;
   engine::drop_peer_window(qp);
+  tally_destroyed_qp(*qp);
   pthread_mutex_destroy(&q->mutex);
   pthread_cond_destroy(&q->cond);
   qp->magic = kDead;
@@ -564,8 +583,9 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       break;
     }
     uint64_t total;
-    if ((err = check_send_wr(qp, wr, &total, nullptr))) break;
+    if ((err = check_send_wr(qp, wr, &total))) break;
     if ((err = post_checked_locked(qp, wr, total, st, nullptr))) break;
+    ++qp->posted_by_post_send;
   }
   if (err && bad) *bad = wr;
   engine::run_send_queue(qp);
@@ -574,38 +594,38 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 int post_send_batch(Qp* qp) {
   ExBatch& b = qp->ex;
+  if (!b.open) return EINVAL;
   std::lock_guard<QueueMutex> lock(qp->sq_mu);
   int st = qp->state.load();
   int err = b.error ? b.error : send_state_error(st);
   if (!err && qp->sq.size() + engine::roce_in_flight(qp) + b.count > qp->cap.max_send_wr)
     err = ENOMEM;
-  // All or nothing (ibv_wr_post(3)): every WR is checked before the first is posted.
-  uint64_t totals_inline[8];
-  std::vector<uint64_t> totals_heap;
-  uint64_t* totals = totals_inline;
-  if (b.count > 8) {
-    totals_heap.resize(b.count);
-    totals = totals_heap.data();
-  }
-  for (size_t i = 0; !err && i < b.count; ++i) {
-    ExWr& e = b.wrs[i];
-    if (!e.inline_data.empty()) {
-      // The copy taken at wr_set_inline_data is what goes: as one inline SGE.
-      e.sges.resize(1);
-      e.sges[0] = {reinterpret_cast<uintptr_t>(e.inline_data.data()),
-                   static_cast<uint32_t>(e.inline_data.size()), 0};
-      e.wr.send_flags |= IBV_SEND_INLINE;
+  // The wr_* calls built each WR in place (qp_ex.cpp): what ibv_post_send would get.
+  if (!err && b.count == 1) {  // the common batch: check it and post it
+    uint64_t total;
+    err = check_ex_wr(qp, b.slots[0], &total);
+    if (!err) err = post_checked_locked(qp, &b.slots[0].wr, total, st, &b.slots[0]);
+    if (!err) ++qp->posted_by_wr_api;
+  } else if (!err) {
+    // All or nothing (ibv_wr_post(3)): every WR is checked before the first is posted.
+    uint64_t totals_inline[8];
+    std::vector<uint64_t> totals_heap;
+    uint64_t* totals = totals_inline;
+    if (b.count > 8) {
+      totals_heap.resize(b.count);
+      totals = totals_heap.data();
     }
-    e.wr.sg_list = e.sges.data();
-    e.wr.num_sge = static_cast<int>(e.sges.size());
-    e.wr.next = nullptr;
-    err = check_send_wr(qp, &e.wr, &totals[i], &e);
+    for (size_t i = 0; !err && i < b.count; ++i)
+      err = check_ex_wr(qp, b.slots[i], &totals[i]);
+    for (size_t i = 0; !err && i < b.count; ++i) {
+      err = post_checked_locked(qp, &b.slots[i].wr, totals[i], st, &b.slots[i]);
+      if (!err) ++qp->posted_by_wr_api;
+    }
   }
-  for (size_t i = 0; !err && i < b.count; ++i)
-    err = post_checked_locked(qp, &b.wrs[i].wr, totals[i], st, &b.wrs[i]);
   b.count = 0;
   b.error = 0;
   b.open = false;
+  b.limit = 0;  // the wr_* calls outside a batch take the slow path, which fails it
   engine::run_send_queue(qp);
   return err;
 }

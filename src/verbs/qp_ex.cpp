@@ -16,42 +16,104 @@ namespace softverbs {
 
 namespace {
 
-Qp* qp_of(ibv_qp_ex* q) { return Qp::from(&q->qp_base); }
+// The ibv_qp_ex is the Qp's first member; the table is only reachable through a live QP
+// (ibv_qp_to_qp_ex), so no magic check on every call.
+Qp* qp_of(ibv_qp_ex* q) { return reinterpret_cast<Qp*>(q); }
 
 void latch(ExBatch& b, int err) {
   if (!b.error) b.error = err;
 }
 
-// A new WR for `op`, with the wr_id and flags the application set last.
-ExWr* begin_wr(ibv_qp_ex* q, ibv_wr_opcode op) {
-  Qp* qp = qp_of(q);
-  ExBatch& b = qp->ex;
+// Points a WR's sg_list where its gather list lives now.
+void point_gather(ExWr& e) {
+  switch (e.gather) {
+    case ExWr::Gather::kNone:
+      e.wr.sg_list = nullptr;
+      e.wr.num_sge = 0;
+      break;
+    case ExWr::Gather::kOne:
+      e.wr.sg_list = &e.sge;
+      e.wr.num_sge = 1;
+      break;
+    case ExWr::Gather::kList:
+      e.wr.sg_list = e.sges.data();
+      e.wr.num_sge = static_cast<int>(e.sges.size());
+      break;
+    case ExWr::Gather::kInline:
+      e.sge = {reinterpret_cast<uintptr_t>(e.inline_data.data()),
+               static_cast<uint32_t>(e.inline_data.size()), 0};
+      e.wr.sg_list = &e.sge;
+      e.wr.num_sge = 1;
+      break;
+  }
+}
+
+// A WR for `op` in slot `e`, with the wr_id and flags the application set last. Only the
+// fields the checks and the WQE read are written: the operands by the wr_<op> call, sg_list
+// and num_sge by the wr_set_* calls; the UD address starts empty (a WR without
+// wr_set_ud_addr must fail, not reuse an earlier WR's AH).
+inline ExWr* fill_wr(ExWr& e, ibv_qp_ex* q, ibv_wr_opcode op) {
+  e.wr.wr_id = q->wr_id;
+  e.wr.send_flags = e.app_flags = q->wr_flags;
+  e.wr.opcode = op;
+  e.wr.imm_data = 0;
+  e.wr.sg_list = nullptr;
+  e.wr.num_sge = 0;
+  e.wr.wr.ud.ah = nullptr;
+  e.gather = ExWr::Gather::kNone;
+  e.length = 0;
+  return &e;
+}
+
+// add_wr when the batch is closed or its storage full. Growing moves the WRs built so far
+// (their in-place SGEs with them): their sg_list pointers follow.
+[[gnu::noinline]] ExWr* begin_wr_slow(ibv_qp_ex* q, ibv_wr_opcode op) {
+  ExBatch& b = qp_of(q)->ex;
   if (!b.open) {
     latch(b, EINVAL);  // a WR outside wr_start/wr_complete
     return nullptr;
   }
-  if (b.count == b.wrs.size()) b.wrs.emplace_back();
-  ExWr& e = b.wrs[b.count++];
-  e.wr = ibv_send_wr{};
-  e.wr.wr_id = q->wr_id;
-  e.wr.send_flags = q->wr_flags;
-  e.wr.opcode = op;
-  e.sges.clear();
-  e.inline_data.clear();
-  e.flush_length = 0;
-  e.flush_type = e.flush_level = 0;
-  e.atomic_value = 0;
-  return &e;
+  b.wrs.emplace_back();
+  b.slots = b.wrs.data();
+  b.limit = b.wrs.size();
+  for (size_t i = 0; i < b.count; ++i) point_gather(b.slots[i]);
+  return fill_wr(b.slots[b.count++], q, op);
+}
+
+template <typename Operands>
+[[gnu::noinline]] void add_wr_slow(ibv_qp_ex* q, ibv_wr_opcode op, Operands operands) {
+  if (ExWr* e = begin_wr_slow(q, op)) operands(*e);
+}
+
+// Adds a WR for `op` at the end of the batch and has `operands` fill in what the op takes;
+// outside a batch, the batch fails instead. The fast path calls nothing (the slow one is a
+// tail call, so the fast one saves no registers).
+template <typename Operands>
+inline void add_wr(ibv_qp_ex* q, ibv_wr_opcode op, Operands operands) {
+  ExBatch& b = qp_of(q)->ex;
+  if (b.count < b.limit) [[likely]] {
+    operands(*fill_wr(b.slots[b.count++], q, op));
+    return;
+  }
+  add_wr_slow(q, op, operands);
 }
 
 // The WR the wr_set_* calls apply to: the last one started.
-ExWr* current_wr(ibv_qp_ex* q) {
+inline ExWr* current_wr(ibv_qp_ex* q) {
   ExBatch& b = qp_of(q)->ex;
-  if (!b.open || b.count == 0) {
+  if (b.count == 0) [[unlikely]] {  // also outside a batch: wr_complete and wr_abort clear it
     latch(b, EINVAL);
     return nullptr;
   }
-  return &b.wrs[b.count - 1];
+  return &b.slots[b.count - 1];
+}
+
+// A WR that carried inline data and now gets SGEs goes back to the application's flags.
+inline void drop_inline(ExWr* e) {
+  if (e->gather == ExWr::Gather::kInline) {
+    e->wr.send_flags = e->app_flags;
+    e->inline_data.clear();
+  }
 }
 
 void wr_start(ibv_qp_ex* q) {
@@ -59,106 +121,110 @@ void wr_start(ibv_qp_ex* q) {
   b.count = 0;
   b.error = 0;
   b.open = true;
+  b.limit = b.wrs.size();
 }
 
-int wr_complete(ibv_qp_ex* q) {
-  Qp* qp = qp_of(q);
-  if (!qp->ex.open) return EINVAL;
-  return post_send_batch(qp);
-}
+// ibv_wr_complete posts through post_send_batch (qp.cpp) directly.
+int wr_complete(ibv_qp_ex* q) { return post_send_batch(qp_of(q)); }
 
 void wr_abort(ibv_qp_ex* q) {
   ExBatch& b = qp_of(q)->ex;
   b.count = 0;
   b.error = 0;
   b.open = false;
+  b.limit = 0;
 }
 
-void wr_send(ibv_qp_ex* q) { begin_wr(q, IBV_WR_SEND); }
+void wr_send(ibv_qp_ex* q) {
+  add_wr(q, IBV_WR_SEND, [](ExWr&) {});
+}
 
 void wr_send_imm(ibv_qp_ex* q, __be32 imm) {
-  if (ExWr* e = begin_wr(q, IBV_WR_SEND_WITH_IMM)) e->wr.imm_data = imm;
+  add_wr(q, IBV_WR_SEND_WITH_IMM, [=](ExWr& e) { e.wr.imm_data = imm; });
 }
 
 // SEND_WITH_INV, BIND_MW and LOCAL_INV are the WQEs ibv_post_send makes of the same
 // opcodes: they succeed or fail exactly as there (memory windows).
 void wr_send_inv(ibv_qp_ex* q, uint32_t invalidate_rkey) {
-  if (ExWr* e = begin_wr(q, IBV_WR_SEND_WITH_INV)) e->wr.invalidate_rkey = invalidate_rkey;
+  add_wr(q, IBV_WR_SEND_WITH_INV, [=](ExWr& e) { e.wr.invalidate_rkey = invalidate_rkey; });
 }
 
 void wr_bind_mw(ibv_qp_ex* q, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
-  ExWr* e = begin_wr(q, IBV_WR_BIND_MW);
-  if (!e) return;
-  e->wr.bind_mw.mw = mw;
-  e->wr.bind_mw.rkey = rkey;
-  if (info) e->wr.bind_mw.bind_info = *info;
+  add_wr(q, IBV_WR_BIND_MW, [=](ExWr& e) {
+    e.wr.bind_mw.mw = mw;
+    e.wr.bind_mw.rkey = rkey;
+    e.wr.bind_mw.bind_info = info ? *info : ibv_mw_bind_info{};
+  });
 }
 
 void wr_local_inv(ibv_qp_ex* q, uint32_t invalidate_rkey) {
-  if (ExWr* e = begin_wr(q, IBV_WR_LOCAL_INV)) e->wr.invalidate_rkey = invalidate_rkey;
+  add_wr(q, IBV_WR_LOCAL_INV, [=](ExWr& e) { e.wr.invalidate_rkey = invalidate_rkey; });
 }
 
-void set_rdma(ExWr* e, uint32_t rkey, uint64_t remote_addr) {
-  e->wr.wr.rdma.remote_addr = remote_addr;
-  e->wr.wr.rdma.rkey = rkey;
+void set_rdma(ExWr& e, uint32_t rkey, uint64_t remote_addr) {
+  e.wr.wr.rdma.remote_addr = remote_addr;
+  e.wr.wr.rdma.rkey = rkey;
 }
 
 void wr_rdma_write(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr) {
-  if (ExWr* e = begin_wr(q, IBV_WR_RDMA_WRITE)) set_rdma(e, rkey, remote_addr);
+  add_wr(q, IBV_WR_RDMA_WRITE, [=](ExWr& e) { set_rdma(e, rkey, remote_addr); });
 }
 
 void wr_rdma_write_imm(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr, __be32 imm) {
-  ExWr* e = begin_wr(q, IBV_WR_RDMA_WRITE_WITH_IMM);
-  if (!e) return;
-  set_rdma(e, rkey, remote_addr);
-  e->wr.imm_data = imm;
+  add_wr(q, IBV_WR_RDMA_WRITE_WITH_IMM, [=](ExWr& e) {
+    set_rdma(e, rkey, remote_addr);
+    e.wr.imm_data = imm;
+  });
 }
 
 void wr_rdma_read(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr) {
-  if (ExWr* e = begin_wr(q, IBV_WR_RDMA_READ)) set_rdma(e, rkey, remote_addr);
+  add_wr(q, IBV_WR_RDMA_READ, [=](ExWr& e) { set_rdma(e, rkey, remote_addr); });
 }
 
 void wr_atomic_cmp_swp(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr, uint64_t compare,
                        uint64_t swap) {
-  ExWr* e = begin_wr(q, IBV_WR_ATOMIC_CMP_AND_SWP);
-  if (!e) return;
-  e->wr.wr.atomic = {remote_addr, compare, swap, rkey};
+  add_wr(q, IBV_WR_ATOMIC_CMP_AND_SWP,
+         [=](ExWr& e) { e.wr.wr.atomic = {remote_addr, compare, swap, rkey}; });
 }
 
 void wr_atomic_fetch_add(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr, uint64_t add) {
-  ExWr* e = begin_wr(q, IBV_WR_ATOMIC_FETCH_AND_ADD);
-  if (!e) return;
-  e->wr.wr.atomic = {remote_addr, add, 0, rkey};
+  add_wr(q, IBV_WR_ATOMIC_FETCH_AND_ADD,
+         [=](ExWr& e) { e.wr.wr.atomic = {remote_addr, add, 0, rkey}; });
 }
 
 // The 8 bytes are taken now: the caller's buffer is free once the call returns.
 void wr_atomic_write(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr, const void* value) {
-  ExWr* e = begin_wr(q, IBV_WR_ATOMIC_WRITE);
-  if (!e) return;
-  set_rdma(e, rkey, remote_addr);
-  if (!value) {
-    latch(qp_of(q)->ex, EINVAL);
-    return;
-  }
-  std::memcpy(&e->atomic_value, value, 8);
+  add_wr(q, IBV_WR_ATOMIC_WRITE, [=](ExWr& e) {
+    set_rdma(e, rkey, remote_addr);
+    if (value) std::memcpy(&e.atomic_value, value, 8);
+    else latch(qp_of(q)->ex, EINVAL);
+  });
 }
 
 void wr_flush(ibv_qp_ex* q, uint32_t rkey, uint64_t remote_addr, size_t len, uint8_t type,
               uint8_t level) {
-  ExWr* e = begin_wr(q, kWrFlush);
-  if (!e) return;
-  set_rdma(e, rkey, remote_addr);
-  e->flush_length = len;
-  e->flush_type = type;
-  e->flush_level = level;
+  add_wr(q, kWrFlush, [=](ExWr& e) {
+    set_rdma(e, rkey, remote_addr);
+    e.flush_length = len;
+    e.flush_type = type;
+    e.flush_level = level;
+  });
 }
 
 void wr_set_sge(ibv_qp_ex* q, uint32_t lkey, uint64_t addr, uint32_t length) {
-  ExWr* e = current_wr(q);
-  if (!e) return;
-  e->inline_data.clear();
-  e->sges.resize(1);
-  e->sges[0] = {addr, length, lkey};
+  Qp* qp = qp_of(q);
+  ExBatch& b = qp->ex;
+  if (b.count == 0 || qp->cap.max_send_sge == 0) [[unlikely]] {  // count is 0 outside a batch
+    latch(b, EINVAL);
+    return;
+  }
+  ExWr& e = b.slots[b.count - 1];
+  drop_inline(&e);
+  e.sge = {addr, length, lkey};
+  e.length = length;
+  e.gather = ExWr::Gather::kOne;
+  e.wr.sg_list = &e.sge;
+  e.wr.num_sge = 1;
 }
 
 void wr_set_sge_list(ibv_qp_ex* q, size_t n, const ibv_sge* list) {
@@ -168,12 +234,17 @@ void wr_set_sge_list(ibv_qp_ex* q, size_t n, const ibv_sge* list) {
     latch(qp_of(q)->ex, EINVAL);
     return;
   }
-  e->inline_data.clear();
+  drop_inline(e);
   e->sges.resize(n);
   if (n) std::memcpy(e->sges.data(), list, n * sizeof(ibv_sge));
+  e->length = 0;
+  for (size_t i = 0; i < n; ++i) e->length += list[i].length;
+  e->gather = ExWr::Gather::kList;
+  point_gather(*e);
 }
 
 // Inline data is copied at the call (ibv_wr_post(3): the buffers may be reused at once).
+// It goes as one inline SGE over the copy.
 void append_inline(ibv_qp_ex* q, ExWr* e, const void* addr, size_t len) {
   Qp* qp = qp_of(q);
   size_t have = e->inline_data.size();
@@ -184,21 +255,30 @@ void append_inline(ibv_qp_ex* q, ExWr* e, const void* addr, size_t len) {
   }
   e->inline_data.resize(have + len);
   if (len) std::memcpy(e->inline_data.data() + have, addr, len);
+  e->length = have + len;
+  point_gather(*e);
+}
+
+// Starts the WR's inline data afresh.
+void begin_inline(ExWr* e) {
+  e->inline_data.clear();
+  e->length = 0;
+  e->gather = ExWr::Gather::kInline;
+  e->wr.send_flags = e->app_flags | IBV_SEND_INLINE;
+  point_gather(*e);
 }
 
 void wr_set_inline_data(ibv_qp_ex* q, void* addr, size_t len) {
   ExWr* e = current_wr(q);
   if (!e) return;
-  e->sges.clear();
-  e->inline_data.clear();
+  begin_inline(e);
   append_inline(q, e, addr, len);
 }
 
 void wr_set_inline_data_list(ibv_qp_ex* q, size_t n, const ibv_data_buf* bufs) {
   ExWr* e = current_wr(q);
   if (!e) return;
-  e->sges.clear();
-  e->inline_data.clear();
+  begin_inline(e);
   if (n && !bufs) {
     latch(qp_of(q)->ex, EINVAL);
     return;

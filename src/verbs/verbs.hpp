@@ -145,6 +145,9 @@ void install_qp_ex(Qp* qp, uint64_t send_ops_flags);
 // wr_complete: posts the batch qp->ex built, all of it or, on error, none; 0 or an errno.
 int post_send_batch(Qp* qp);
 int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// Adds what a QP being destroyed posted through each send API to the process's tally
+// (SOFTVERBS_API_COUNTS, send_api_tally.cpp).
+void tally_destroyed_qp(const Qp& qp);
 // Checks an ibv_modify_qp attribute mask against the IBA transition table (EINVAL if wrong).
 int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int mask);
 

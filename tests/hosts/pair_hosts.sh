@@ -33,6 +33,8 @@ iters=$(iters_of "${options[@]}")
 [[ -n $iters ]] || { echo "give -n ITERS among the options"; exit 2; }
 host_var "$srv_host" NS >/dev/null && host_var "$cli_host" NS >/dev/null || exit 2
 
+# PERFTEST_PRELOAD and PERFTEST_API: as in interop/perftest.sh.
+[[ -z ${PERFTEST_PRELOAD-} ]] || export LD_PRELOAD=$PERFTEST_PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}
 why=$(hosts_supported) || { echo "skipped: $why"; exit 77; }
 pair_setup "$base_port"
 hosts_exit_cleanup # after pair_setup: keeps its cleanup too
@@ -109,6 +111,7 @@ done
 ((perftest)) &&
   check "client reports a result line for $iters iterations" \
     "side_has cli '^[[:space:]]*[0-9]+[[:space:]]+${iters}[[:space:]]+[^[:space:]]'"
+((perftest)) && check_perftest_api "${PERFTEST_API-}"
 # On one host the QPN alone names the peer's QP, so the two must differ; on two hosts they may not.
 [[ $srv_host == "$cli_host" ]] && check "server and client QPs have different numbers" distinct_qpns
 check "no crash, no sanitizer report" pair_no_crash

@@ -11,6 +11,9 @@
 #                           stdout+stderr
 #   pair_no_crash           neither side died of a signal or printed a sanitizer report
 #   distinct_qpns           the two sides' first local QPNs were printed and differ
+#   api_count SIDE post_send|wr   work requests that side posted through ibv_post_send or
+#                           the ibv_wr_* API, as softverbs counted them (SOFTVERBS_API_COUNTS)
+#   check_perftest_api [ON|OFF]   each perftest side used the post-send API it says it did
 #
 # Time limits (seconds), from the environment or set before pair_run:
 #   PAIR_TIMEOUT      the client's limit; the server gets PAIR_TIMEOUT + 5, as it starts first
@@ -104,7 +107,9 @@ pair_setup() {
 pair_start() {
   local side=$1 limit=$2
   shift 2
-  timeout -k 2 "$limit" stdbuf -oL -eL "$@" >"$pair_tmp/$side.out" 2>"$pair_tmp/$side.err" &
+  # Each side's processes append what they posted through each send API to SIDE.api.
+  SOFTVERBS_API_COUNTS=$pair_tmp/$side.api \
+    timeout -k 2 "$limit" stdbuf -oL -eL "$@" >"$pair_tmp/$side.out" 2>"$pair_tmp/$side.err" &
   printf -v "${side}_pid" %d $!
   printf -v "${side}_start" %d "$(now_ms)"
   echo "started $side (limit ${limit}s): $*"
@@ -147,6 +152,7 @@ pair_run() {
   local deadline srv_done=0 cli_done=0 started_client=0
   srv_pid='' cli_pid='' srv_end='' cli_end='' srv_rc='' cli_rc='' srv_ms=0 cli_ms=0
   srv_out='' cli_out='' srv_err='' cli_err=''
+  rm -f -- "$pair_tmp/srv.api" "$pair_tmp/cli.api"
   pair_start srv $((PAIR_TIMEOUT + 5)) "${server[@]}"
 
   deadline=$(($(now_ms) + PAIR_LISTEN_WAIT * 1000))
@@ -293,4 +299,41 @@ check_timestamps() {
     check "$name's timestamps move forward (no gap of 1 s or more)" \
       "! side_has $side '^Max receive completion clock cycles = [0-9]{10,}\$'"
   done
+}
+
+# api_count SIDE post_send|wr: the work requests the side's processes posted through
+# ibv_post_send or through the ibv_wr_* API, summed over the lines softverbs appended at exit
+# ("PID PROGRAM ibv_post_send N ibv_wr M", src/verbs/send_api_tally.cpp); empty if none wrote.
+api_count() {
+  local field=4
+  [[ $2 == wr ]] && field=6
+  [[ -s $pair_tmp/$1.api ]] || return 0
+  awk -v f="$field" '{ n += $f } END { print n + 0 }' "$pair_tmp/$1.api"
+}
+
+# perftest_api SIDE: ON or OFF, what the side's perftest printed as "ibv_wr* API : ..." (it
+# uses the ibv_wr_* API unless --use_old_post_send or its device check forces the old one).
+perftest_api() {
+  local out_var=${1}_out
+  grep -m1 -oE '^ ibv_wr\* API +: (ON|OFF)' <<<"${!out_var}" | awk '{print $NF}'
+}
+
+# check_perftest_api [ON|OFF]: each side's work requests went through the API its perftest
+# named, none through the other, and the client posted some; with an argument, perftest
+# must have named that API.
+check_perftest_api() {
+  local want=${1-} side name used other
+  for side in srv cli; do
+    name=$([[ $side == srv ]] && echo server || echo client)
+    echo "$name: ibv_wr* API $(perftest_api $side); softverbs counted: $(cat "$pair_tmp/$side.api" 2>/dev/null)"
+    check "$name named its post-send API (ibv_wr* API : ON|OFF)" "[[ -n \$(perftest_api $side) ]]"
+    [[ -z $want ]] || check "$name uses ibv_wr* API $want" "[[ \$(perftest_api $side) == $want ]]"
+    used=post_send other=wr
+    [[ $(perftest_api $side) == ON ]] && used=wr other=post_send
+    check "softverbs counted $name's work requests (SOFTVERBS_API_COUNTS)" \
+      "[[ -n \$(api_count $side $used) ]]"
+    check "$name posted none through the other API ($other)" "((\$(api_count $side $other) == 0))"
+  done
+  check "client posted its work requests through the API it named" \
+    "((\$(api_count cli $used) > 0))"
 }

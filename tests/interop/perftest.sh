@@ -12,6 +12,10 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/pair.sh"
 
+# PERFTEST_PRELOAD=SHIM: both sides preload SHIM (perftest_part_id.c, the .wr_api tests).
+# PERFTEST_API=ON|OFF: the post-send API perftest must say it uses; without it, each side's
+# work requests must only have gone through the API it names (check_perftest_api, pair.sh).
+[[ -z ${PERFTEST_PRELOAD-} ]] || export LD_PRELOAD=$PERFTEST_PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}
 # -R: the connection goes through rdma_cm, and the server listens there, not on TCP.
 for arg in "$@"; do [[ $arg == -R ]] && PAIR_READY=cm-tcp; done
 pair_program -d softverbs0 -- "$@"
@@ -63,5 +67,6 @@ if [[ $prog != ib_read_lat && $prog != ib_atomic_lat ]]; then
   check "server printed the result table header" "side_has srv '$header'"
 fi
 check "server and client QPs have different numbers" distinct_qpns
+check_perftest_api "${PERFTEST_API-}"
 check "no crash, no sanitizer report" pair_no_crash
 finish
