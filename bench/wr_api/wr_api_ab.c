@@ -8,8 +8,9 @@
  * median and the minimum of the blocks' mean time per operation.
  *   wr_api_ab [BLOCKS [OPS_PER_BLOCK [local]]]   (run it through `softverbs run`)
  * `local`: the peer QP is in the same process (no fork), which valgrind can run (it lacks
- * pidfd_open, which a peer process needs): for counting instructions per operation with
- * callgrind (bench/wr_api/callgrind.sh).
+ * pidfd_open, which a peer process needs): for counting instructions per operation, e.g.
+ *   softverbs run -- valgrind --tool=callgrind wr_api_ab 2 1000 local
+ * then callgrind_annotate --inclusive=yes (docs/qp-ex.md, "Cost per operation").
  */
 #include "common.h"
 
