@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -57,6 +58,17 @@ struct CompChannel;
 struct Qp;
 struct Srq;
 
+// What a context shares with the contexts imported from it (ibv_import_device(3)): its PD
+// handles, so that ibv_import_pd finds them (verbs/import.cpp). The last context holding it
+// frees it, as the kernel keeps a uverbs file while any fd of it is open.
+struct ContextShared {
+  std::mutex mu;
+  std::map<uint32_t, Pd*> pds;  // plain PDs created on any of the contexts, by handle
+  // Imported from a cmd_fd whose context is not in this process: the handles the
+  // application has name objects we cannot reach (verbs/import.cpp says why).
+  bool foreign = false;
+};
+
 struct Context {
   verbs_context vctx;  // ibv_context is its last member; the application sees &vctx.context
   uint32_t magic = kCtxMagic;
@@ -66,6 +78,7 @@ struct Context {
   std::set<Cq*> cqs;
   std::set<Srq*> srqs;
   int cmd_fd = -1;
+  std::shared_ptr<ContextShared> shared = std::make_shared<ContextShared>();
 
   ibv_context* ibv() { return &vctx.context; }
   static Context* from(ibv_context* c);
@@ -85,6 +98,9 @@ struct Pd {
   // ibv_alloc_parent_domain(3)).
   Pd* prot = this;
   ParentDomain* parent = nullptr;  // a parent domain's TD and allocator (verbs/domains.cpp)
+  // ibv_import_pd(3): this handle stands for `prot`, a PD of a context it was imported
+  // from; freeing it frees only this handle (the PD stays in use while any import is).
+  bool imported = false;
   static Pd* from(ibv_pd* p);
 };
 
@@ -107,6 +123,9 @@ struct Mr {
   // Memory windows bound to it (changed under the key lock, shared, and the window's mu):
   // while any is, ibv_dereg_mr and ibv_rereg_mr fail (ibv_alloc_mw(3), IBA 10.6.7.2.6).
   std::atomic<int> bound_windows{0};
+  // ibv_import_mr(3): a handle of another MR (the key table names that one); it holds
+  // nothing but its PD's use, and deregistering it only unimports it.
+  bool imported = false;
   static Mr* from(ibv_mr* m);
 };
 
