@@ -87,6 +87,7 @@ struct Context {
 
 struct ParentDomain;
 struct DmMemory;
+struct TmSrq;  // a tag matching SRQ's list and counters (core/tag_list.hpp)
 
 struct Pd {
   ibv_pd ibv;
@@ -193,9 +194,10 @@ struct CompChannel {
 // A completion's timestamps (ibv_wc_read_completion_ts / _wallclock_ns), taken only for
 // the kinds its CQ asked for.
 struct CqeStamp {
-  static constexpr unsigned kRaw = 1, kWall = 2;
+  static constexpr unsigned kRaw = 1, kWall = 2, kTm = 4;
   uint64_t raw = 0;   // the completion clock (core/completion_clock.hpp)
   uint64_t wall = 0;  // CLOCK_REALTIME, ns
+  ibv_wc_tm_info tm{};  // kTm: ibv_wc_read_tm_info (tag matching completions)
 };
 
 struct Cq {
@@ -298,6 +300,16 @@ struct MwBind {
   unsigned access = 0;    // mw_access_flags
 };
 
+// Work a tag matching SRQ gives the QP a rendezvous arrived on (engine/tm_responder.cpp):
+// the RDMA READ of the sender's buffer into the tagged buffer, then the FIN message. Neither
+// is the application's: their completions become the TM-SRQ's, or nothing.
+struct TmWork {
+  enum Kind : uint8_t { kNone, kRndvRead, kFin } kind = kNone;
+  uint64_t recv_wr_id = 0;  // the tagged buffer's
+  uint64_t tag = 0;
+  uint32_t app_ctx = 0;
+};
+
 struct SendWqe {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
@@ -326,6 +338,7 @@ struct SendWqe {
   bool started = false;
   int rnr_left = 0;
   int retry_left = 0;
+  TmWork tm;
 };
 
 struct Srq {
@@ -341,6 +354,7 @@ struct Srq {
   std::atomic<int> users{0};
   uint32_t events_reported = 0;  // under ibv.mutex
   std::set<uint32_t> rnr_waiters;  // under mu: QPNs of senders to retry when a receive is posted
+  TmSrq* tm = nullptr;  // IBV_SRQT_TM: its matching list (under mu) and CQ; else nullptr
   static Srq* from(ibv_srq* s);
 };
 
@@ -421,6 +435,12 @@ struct Qp {
     uint8_t retry_cnt = 0;
     uint8_t rnr_retry = 0;
   } send_path;
+
+  // Tag matching work for this QP's send queue (TmWork), queued by the responder, which
+  // may not take sq_mu; run_send_queue moves it into `sq`.
+  SpinLock tm_mu;
+  std::vector<SendWqe> tm_pending;
+  std::atomic<bool> has_tm_pending{false};
 
   QueueMutex rq_mu;
   RingQueue<RecvWqe> rq;

@@ -79,6 +79,13 @@ ibv_mr* reg_dmabuf_mr(Pd* pd, uint64_t offset, size_t length, uint64_t iova, int
 ibv_mr* reg_fd_mr(Pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
                   unsigned access);
 
+// Tag matching SRQs (verbs/tag_matching.cpp): ibv_create_srq_ex(3) with IBV_SRQT_TM,
+// ibv_post_srq_ops(3), and what ibv_query_device_ex reports in tm_caps.
+ibv_srq* create_tm_srq(Pd* pd, Cq* cq, ibv_srq_init_attr_ex* ex);
+int post_srq_ops(Srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad);
+void fill_tm_caps(ibv_tm_caps* caps);
+void free_tm_srq(Srq* srq);  // destroy_srq: the TM state, if any
+
 // Thread and parent domains (verbs/domains.cpp): ibv_alloc_td(3), ibv_alloc_parent_domain(3).
 ibv_td* alloc_td(Context* ctx, const ibv_td_init_attr* attr);
 int dealloc_td(Td* td);
