@@ -8,6 +8,7 @@
 #include "core/objects.hpp"
 #include "core/tag_list.hpp"
 #include "engine/engine.hpp"
+#include "engine/packet/packet_qp.hpp"
 
 namespace softverbs::engine {
 
@@ -31,6 +32,20 @@ void take_tm_work_locked(Qp* qp);
 // Instead of a send completion, for a WQE with w.tm.kind set: the rendezvous' data
 // completion in the TM-SRQ's CQ, then its FIN (caller holds qp->sq_mu).
 void complete_tm_work(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len);
+
+// The RoCE v2 path (engine/tm_roce.cpp): the packet responder asks for a receive with the
+// first packet of a SEND; what was matched rides on the receive to its completion.
+struct TmArrival {
+  TagEntry entry;  // a matched rendezvous' tagged buffer
+  TmHeader header;
+};
+enum TmRecvKind : uint8_t { kTmRecvEager = 1, kTmRecvRndv, kTmRecvRndvIncomplete,
+                            kTmRecvUnexpected, kTmRecvPlain };
+std::optional<packet::RecvWqe> tm_take_receive(Qp* qp, std::span<const uint8_t> first,
+                                               TmArrival* arrival);
+void tm_complete_receive(Qp* qp, const packet::Completion& c, TmArrival* arrival);
+// A completion of the rendezvous' own work (READ, FIN) on the wire.
+void tm_complete_work(Qp* qp, const packet::Completion& c);
 
 // While one lives on this thread, the kicks of queued tag matching work wait for its end
 // (run_wqe: until the WQE that delivered the rendezvous request has completed).
