@@ -97,12 +97,12 @@ struct SendWqe {
 struct RecvWqe {
   uint64_t wr_id = 0;
   std::vector<Iov> sg;
+  bool key_error = false;  // an SGE failed its lkey check (sg is then empty): LOC_PROT_ERR
   // Tag matching: the message's first `skip` bytes (a matched TMH) are not placed, or with
   // `discard` none is (a matched rendezvous request); byte_len counts what was placed.
   uint32_t skip = 0;
   bool discard = false;
   TmMark tm;
-  bool key_error = false;  // an SGE failed its lkey check (sg is then empty): LOC_PROT_ERR
 };
 
 // ibv_wc's fields, plus the SE bit for solicited-only CQ notification.
