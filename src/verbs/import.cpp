@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
@@ -111,11 +112,37 @@ ibv_pd* import_pd(Context* ctx, uint32_t handle) {
   return &pd->ibv;
 }
 
+namespace {
+// Unimported PDs that objects created on them still name (rdma-core frees only its own
+// struct at unimport; the kernel's PD lives on): freed once their last user is gone.
+std::mutex g_orphans_mu;
+std::vector<Pd*>* g_orphans = new std::vector<Pd*>;  // immortal: swept until exit
+
+void free_import(Pd* pd) {
+  pd->prot->users--;
+  delete pd;
+}
+}  // namespace
+
+void sweep_unimported_pds() {
+  std::lock_guard<std::mutex> lock(g_orphans_mu);
+  std::erase_if(*g_orphans, [](Pd* pd) {
+    if (pd->users.load() != 0) return false;
+    free_import(pd);
+    return true;
+  });
+}
+
 void unimport_pd(Pd* pd) {
   if (!pd->imported) return;
-  pd->prot->users--;
-  pd->magic = kDead;
-  delete pd;
+  pd->magic = kDead;  // no verb takes it any more
+  if (pd->users.load() == 0) {
+    free_import(pd);
+  } else {
+    std::lock_guard<std::mutex> lock(g_orphans_mu);
+    g_orphans->push_back(pd);
+  }
+  sweep_unimported_pds();
 }
 
 ibv_mr* import_mr(Pd* pd, uint32_t handle) {
@@ -153,6 +180,7 @@ void unimport_mr(Mr* mr) {
   mr->pd->users--;
   mr->magic = kDead;
   delete mr;
+  sweep_unimported_pds();
 }
 
 }  // namespace softverbs

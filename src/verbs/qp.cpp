@@ -518,6 +518,7 @@ int destroy_qp(Qp* qp) {
   pthread_cond_destroy(&q->cond);
   qp->magic = kDead;
   delete qp;
+  sweep_unimported_pds();  // an unimported PD it was created on may go now
   return 0;
 }
 

@@ -44,6 +44,8 @@ ibv_pd* import_pd(Context* ctx, uint32_t handle);
 void unimport_pd(Pd* pd);
 ibv_mr* import_mr(Pd* pd, uint32_t handle);
 void unimport_mr(Mr* mr);
+// Frees unimported PDs whose last user (a QP, SRQ, AH, MR made on them) is gone.
+void sweep_unimported_pds();
 // Writes the record import_device reads into a new context's cmd_fd; false + errno.
 bool write_context_record(int cmd_fd, const char* device_name);
 

@@ -10,7 +10,8 @@
  *    PD SEND from the imported MR's lkey into an MR registered on the original PD, and RDMA
  *    WRITE through the imported MR's rkey lands in the original buffer;
  *  - while an import is in use the original PD cannot go (EBUSY); ibv_dereg_mr of an
- *    imported MR and ibv_dealloc_pd of an imported PD only unimport them;
+ *    imported MR and ibv_dealloc_pd of an imported PD only unimport them; a PD unimported
+ *    while a QP made on it lives goes with the QP;
  * B (child) receives the cmd_fd over a unix socket (SCM_RIGHTS) and imports it: same device,
  * same device attributes, a PD of its own works, and A's PD and MR handles answer
  * EOPNOTSUPP (our objects live in A's memory; see src/verbs/import.cpp).
@@ -168,6 +169,19 @@ int main(void)
 	ipd = ibv_import_pd(ictx, d.pd->handle);
 	CHECK(ipd);
 	ibv_unimport_pd(ipd);
+
+	sv_step("A: unimport a PD a QP was created on, then destroy the QP");
+	ipd = ibv_import_pd(ictx, d.pd->handle);
+	CHECK(ipd);
+	struct sv_dev id2 = d;
+	id2.ctx = ictx;
+	id2.pd = ipd;
+	struct ibv_cq *cq2 = sv_create_cq(&id2, 8, NULL, NULL);
+	struct ibv_qp *qp2 = sv_create_qp(&id2, &p.cfg, cq2, cq2, NULL, NULL);
+	ibv_unimport_pd(ipd); /* the QP still names it: freed with the QP (ASan watches) */
+	CHECK_ERR(ibv_dealloc_pd(d.pd), EBUSY);
+	CHECK_OK(ibv_destroy_qp(qp2));
+	CHECK_OK(ibv_destroy_cq(cq2));
 
 	sv_step("A: hand the cmd_fd to B");
 	struct handles h = {d.pd->handle, send_mr->handle, d.dev_attr};
