@@ -95,6 +95,7 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   // Extended CQs: completion timestamps and their clock, no CQ moderation (ex-cq).
   fill_cq_ex_attr(&full);
   fill_odp_dm_attr(&full);  // odp-dm
+  fill_tm_caps(&full.tm_caps);  // tag matching (pyverbs-more)
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
@@ -127,6 +128,17 @@ ibv_srq* op_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
   return create_srq_ex(ctx, attr);
 }
 // ---- end of ex-cq ops ----
+
+// ---- Tag matching: ibv_post_srq_ops (pyverbs-more; verbs/tag_matching.cpp) ----
+int op_post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
+  Srq* s = Srq::from(srq);
+  if (!s) {
+    if (bad) *bad = wr;
+    return EINVAL;
+  }
+  return post_srq_ops(s, wr, bad);
+}
+// ---- end of tag matching ops ----
 
 // ---- memory windows (verbs/mw.cpp) ----------------------------------------------------
 // <infiniband/verbs.h> inlines reach these: ibv_alloc_mw, ibv_bind_mw (after its own type,
@@ -330,7 +342,7 @@ void fill_context_ops(Context* ctx) {
   unsupported(v.create_flow_action_esp);
   unsupported(v.modify_qp_rate_limit);
   v.modify_cq = &op_modify_cq;  // ex-cq
-  unsupported(v.post_srq_ops);
+  v.post_srq_ops = &op_post_srq_ops;  // tag matching
   unsupported(v.destroy_rwq_ind_table);
   unsupported(v.create_rwq_ind_table);
   unsupported(v.destroy_wq);

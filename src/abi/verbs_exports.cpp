@@ -66,10 +66,9 @@ int ibv_close_device(struct ibv_context* context) {
 }
 
 struct ibv_context* ibv_import_device(int cmd_fd) {
-  Context* ctx = context_from_cmd_fd(cmd_fd);
-  if (!ctx) return fail<ibv_context>(EINVAL);
-  // A fresh context of the same device: our objects are process-local anyway.
-  return ibv_open_device(ctx->ibv()->device);
+  ibv_context* c = import_device(cmd_fd);
+  if (c) abi::fill_context_ops(Context::from(c));
+  return c;
 }
 
 int ibv_query_device(struct ibv_context* context, struct ibv_device_attr* attr) {
@@ -177,8 +176,14 @@ int ibv_dealloc_pd(struct ibv_pd* pd) {
   return p ? dealloc_pd(p) : EINVAL;
 }
 
-struct ibv_pd* ibv_import_pd(struct ibv_context*, uint32_t) { return fail<ibv_pd>(EOPNOTSUPP); }
-void ibv_unimport_pd(struct ibv_pd*) {}
+struct ibv_pd* ibv_import_pd(struct ibv_context* context, uint32_t pd_handle) {
+  Context* ctx = Context::from(context);
+  return ctx ? import_pd(ctx, pd_handle) : fail<ibv_pd>(EINVAL);
+}
+
+void ibv_unimport_pd(struct ibv_pd* pd) {
+  if (Pd* p = Pd::from(pd)) unimport_pd(p);
+}
 
 struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                 unsigned int access) {
@@ -220,8 +225,14 @@ int ibv_dereg_mr(struct ibv_mr* mr) {
   return m ? dereg_mr(m) : EINVAL;
 }
 
-struct ibv_mr* ibv_import_mr(struct ibv_pd*, uint32_t) { return fail<ibv_mr>(EOPNOTSUPP); }
-void ibv_unimport_mr(struct ibv_mr*) {}
+struct ibv_mr* ibv_import_mr(struct ibv_pd* pd, uint32_t mr_handle) {
+  Pd* p = Pd::from(pd);
+  return p ? import_mr(p, mr_handle) : fail<ibv_mr>(EINVAL);
+}
+
+void ibv_unimport_mr(struct ibv_mr* mr) {
+  if (Mr* m = Mr::from(mr)) unimport_mr(m);
+}
 struct ibv_dm* ibv_import_dm(struct ibv_context* context, uint32_t dm_handle) {
   Context* ctx = Context::from(context);
   return ctx ? import_dm(ctx, dm_handle) : fail<ibv_dm>(EINVAL);

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -57,6 +58,17 @@ struct CompChannel;
 struct Qp;
 struct Srq;
 
+// What a context shares with the contexts imported from it (ibv_import_device(3)): its PD
+// handles, so that ibv_import_pd finds them (verbs/import.cpp). The last context holding it
+// frees it, as the kernel keeps a uverbs file while any fd of it is open.
+struct ContextShared {
+  std::mutex mu;
+  std::map<uint32_t, Pd*> pds;  // plain PDs created on any of the contexts, by handle
+  // Imported from a cmd_fd whose context is not in this process: the handles the
+  // application has name objects we cannot reach (verbs/import.cpp says why).
+  bool foreign = false;
+};
+
 struct Context {
   verbs_context vctx;  // ibv_context is its last member; the application sees &vctx.context
   uint32_t magic = kCtxMagic;
@@ -66,6 +78,7 @@ struct Context {
   std::set<Cq*> cqs;
   std::set<Srq*> srqs;
   int cmd_fd = -1;
+  std::shared_ptr<ContextShared> shared = std::make_shared<ContextShared>();
 
   ibv_context* ibv() { return &vctx.context; }
   static Context* from(ibv_context* c);
@@ -74,6 +87,7 @@ struct Context {
 
 struct ParentDomain;
 struct DmMemory;
+struct TmSrq;  // a tag matching SRQ's list and counters (core/tag_list.hpp)
 
 struct Pd {
   ibv_pd ibv;
@@ -85,6 +99,9 @@ struct Pd {
   // ibv_alloc_parent_domain(3)).
   Pd* prot = this;
   ParentDomain* parent = nullptr;  // a parent domain's TD and allocator (verbs/domains.cpp)
+  // ibv_import_pd(3): this handle stands for `prot`, a PD of a context it was imported
+  // from; freeing it frees only this handle (the PD stays in use while any import is).
+  bool imported = false;
   static Pd* from(ibv_pd* p);
 };
 
@@ -107,6 +124,9 @@ struct Mr {
   // Memory windows bound to it (changed under the key lock, shared, and the window's mu):
   // while any is, ibv_dereg_mr and ibv_rereg_mr fail (ibv_alloc_mw(3), IBA 10.6.7.2.6).
   std::atomic<int> bound_windows{0};
+  // ibv_import_mr(3): a handle of another MR (the key table names that one); it holds
+  // nothing but its PD's use, and deregistering it only unimports it.
+  bool imported = false;
   static Mr* from(ibv_mr* m);
 };
 
@@ -174,9 +194,10 @@ struct CompChannel {
 // A completion's timestamps (ibv_wc_read_completion_ts / _wallclock_ns), taken only for
 // the kinds its CQ asked for.
 struct CqeStamp {
-  static constexpr unsigned kRaw = 1, kWall = 2;
+  static constexpr unsigned kRaw = 1, kWall = 2, kTm = 4;
   uint64_t raw = 0;   // the completion clock (core/completion_clock.hpp)
   uint64_t wall = 0;  // CLOCK_REALTIME, ns
+  ibv_wc_tm_info tm{};  // kTm: ibv_wc_read_tm_info (tag matching completions)
 };
 
 struct Cq {
@@ -279,6 +300,16 @@ struct MwBind {
   unsigned access = 0;    // mw_access_flags
 };
 
+// Work a tag matching SRQ gives the QP a rendezvous arrived on (engine/tm_responder.cpp):
+// the RDMA READ of the sender's buffer into the tagged buffer, then the FIN message. Neither
+// is the application's: their completions become the TM-SRQ's, or nothing.
+struct TmWork {
+  enum Kind : uint8_t { kNone, kRndvRead, kFin } kind = kNone;
+  uint64_t recv_wr_id = 0;  // the tagged buffer's
+  uint64_t tag = 0;
+  uint32_t app_ctx = 0;
+};
+
 struct SendWqe {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
@@ -307,6 +338,7 @@ struct SendWqe {
   bool started = false;
   int rnr_left = 0;
   int retry_left = 0;
+  TmWork tm;
 };
 
 struct Srq {
@@ -322,6 +354,7 @@ struct Srq {
   std::atomic<int> users{0};
   uint32_t events_reported = 0;  // under ibv.mutex
   std::set<uint32_t> rnr_waiters;  // under mu: QPNs of senders to retry when a receive is posted
+  TmSrq* tm = nullptr;  // IBV_SRQT_TM: its matching list (under mu) and CQ; else nullptr
   static Srq* from(ibv_srq* s);
 };
 
@@ -414,6 +447,12 @@ struct Qp {
     uint8_t retry_cnt = 0;
     uint8_t rnr_retry = 0;
   } send_path;
+
+  // Tag matching work for this QP's send queue (TmWork), queued by the responder, which
+  // may not take sq_mu; run_send_queue moves it into `sq`.
+  SpinLock tm_mu;
+  std::vector<SendWqe> tm_pending;
+  std::atomic<bool> has_tm_pending{false};
 
   QueueMutex rq_mu;
   RingQueue<RecvWqe> rq;

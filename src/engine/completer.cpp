@@ -8,6 +8,7 @@
 #include "core/errors.hpp"
 #include "common/verbs_ext.hpp"
 #include "core/core.hpp"
+#include "engine/tm.hpp"
 
 namespace softverbs::engine {
 
@@ -60,6 +61,10 @@ Clock::duration ack_timeout(uint8_t timeout) {
 }
 
 void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len) {
+  if (w.tm.kind != TmWork::kNone) {  // tag matching's own work, not the application's
+    complete_tm_work(qp, w, status, byte_len);
+    return;
+  }
   bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED);
   if (status == IBV_WC_SUCCESS && !signaled) return;
   ibv_wc wc{};

@@ -10,6 +10,7 @@
 
 #include "engine/engine.hpp"
 #include "engine/roce.hpp"
+#include "engine/tm.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
 #include "core/core.hpp"
@@ -111,6 +112,7 @@ Outcome execute(Qp* qp, const SendWqe& w) {
 }
 
 bool run_wqe(Qp* qp, SendWqe& w, int st) {
+  AfterComplete tm_kicks;  // rendezvous work this WQE starts runs after it completes
   if (!w.started) {
     w.rnr_left = qp->send_path.rnr_retry;
     w.retry_left = qp->send_path.retry_cnt;
@@ -130,6 +132,7 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
 
 void run_send_queue(Qp* qp) {
   for (;;) {
+    if (qp->has_tm_pending.load(std::memory_order_acquire)) take_tm_work_locked(qp);
     if (qp->sq.empty()) break;
     int st = qp->state.load();
     if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {

@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "common/verbs_ext.hpp"
 #include "core/core.hpp"
+#include "engine/tm.hpp"
 #include "wire/roce/grh.hpp"
 #include "wire/transport.hpp"
 
@@ -118,6 +119,9 @@ Outcome receive_fault(Qp* t, ibv_wc* wc, Fault f) {
 // Delivers a SEND (or the immediate of a WRITE_WITH_IMM, when `payload` is false) into the
 // next receive WQE and writes the receive completion.
 Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t rnr_timer) {
+  // A tag matching SRQ matches SENDs first (engine/tm_responder.cpp).
+  if (payload && t->srq && t->srq->tm && req.opcode != IBV_WR_SEND_WITH_INV)
+    return deliver_tagged(req, t, rnr_timer);
   const uint64_t len = req.length;
   RecvQueue rq(t);
   if (rq.empty()) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <atomic>
 #include <chrono>
@@ -37,6 +38,7 @@
 #include "core/errors.hpp"
 #include "engine/engine.hpp"
 #include "engine/packet/packet_qp.hpp"
+#include "engine/tm.hpp"
 #include "wire/registry.hpp"
 #include "wire/roce/icrc.hpp"
 #include "wire/roce/cm_msg.hpp"
@@ -227,6 +229,12 @@ struct RoceLink final : packet::Env {
   // Inline data outlives ibv_post_send here: a slot per WQE that can be in flight, plus one.
   std::vector<std::vector<uint8_t>> inline_ring;
   uint64_t posted = 0;
+  // Tag matching (engine/tm_responder.cpp): the receive being filled, as matched
+  // (tm_take_receive), and the FINs' TMHs, which outlive their WQEs like inline data (more
+  // rendezvous than slots unacknowledged at once would be a sender of 256 of them).
+  TmArrival tm_arrival;
+  std::vector<std::array<uint8_t, kTmhBytes>> tm_fins = std::vector<std::array<uint8_t, kTmhBytes>>(256);
+  uint64_t tm_fins_posted = 0;
 
   // ---- packet::Env -----------------------------------------------------------------------
   void send_packet(const rw::Packet& pkt, std::span<const packet::Iov> payload) override {
@@ -360,9 +368,14 @@ struct RoceLink final : packet::Env {
     return MrTable::instance().invalidate(rkey, qp->pd, qp->qpn(), true);
   }
 
-  std::optional<packet::RecvWqe> take_receive() override {
+  std::optional<packet::RecvWqe> take_receive(std::span<const uint8_t> first) override {
     // An SRQ's receives are not this QP's to flush when it fails.
     if (qp->srq && pq.state() == IBV_QPS_ERR) return std::nullopt;
+    // A TM-SRQ matches the SEND's first bytes (a flush, with none, takes nothing of it).
+    if (qp->srq && qp->srq->tm) {
+      if (first.empty()) return std::nullopt;
+      return tm_take_receive(qp, first, &tm_arrival);
+    }
     QueueMutex& lock_mu = qp->srq ? qp->srq->mu : qp->rq_mu;
     RingQueue<RecvWqe>& q = qp->srq ? qp->srq->rq : qp->rq;
     std::lock_guard<QueueMutex> lock(lock_mu);
@@ -390,6 +403,13 @@ struct RoceLink final : packet::Env {
   }
 
   void push_completion(packet::WorkQueue queue, const packet::Completion& c) override {
+    if (c.tm.kind) {  // tag matching's: a TM-SRQ receive, or the rendezvous' own work
+      if (queue == packet::WorkQueue::kRecv)
+        tm_complete_receive(qp, c, &tm_arrival);
+      else
+        tm_complete_work(qp, c);
+      return;
+    }
     ibv_wc wc{};
     wc.wr_id = c.wr_id;
     wc.status = c.status;
@@ -711,6 +731,7 @@ bool roce_post(Qp* qp, SendWqe& w) {
   int st = qp->state.load();
   packet::SendWqe p;
   p.wr_id = w.wr_id;
+  p.tm = {static_cast<uint8_t>(w.tm.kind), w.tm.tag, w.tm.app_ctx};
   p.opcode = w.opcode;
   p.send_flags = w.flags;
   p.imm = w.imm;
@@ -736,6 +757,10 @@ bool roce_post(Qp* qp, SendWqe& w) {
       now = link->pq.state();
     }
     if (now == IBV_QPS_RTS || now == IBV_QPS_SQD) p.local_status = run_local_op(qp, w);
+  } else if (w.tm.kind == TmWork::kFin) {  // tag matching's FIN: the TMH in a slot of its own
+    auto& slot = link->tm_fins[link->tm_fins_posted++ % link->tm_fins.size()];
+    std::memcpy(slot.data(), w.inline_data.data(), kTmhBytes);
+    p.sg.push_back({slot.data(), kTmhBytes});
   } else if (!w.inline_data.empty()) {
     std::vector<uint8_t>& slot = link->inline_ring[link->posted % link->inline_ring.size()];
     slot.assign(w.inline_data.data(), w.inline_data.data() + w.inline_data.size());

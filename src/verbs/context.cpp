@@ -103,7 +103,7 @@ Context* Context::from(ibv_context* c) {
   return ctx->magic == kCtxMagic ? ctx : nullptr;
 }
 
-ibv_context* open_context(ibv_device* dev) {
+ibv_context* open_context(ibv_device* dev, int import_fd) {
   if (!device_from_ibv(dev)) {
     errno = ENODEV;
     return nullptr;
@@ -119,13 +119,19 @@ ibv_context* open_context(ibv_device* dev) {
     return nullptr;
   }
   // cmd_fd stands for the uverbs device file; a memfd gives each context a unique inode
-  // so that ibv_import_device(dup(cmd_fd)) can find the context again.
-  ctx->cmd_fd = memfd_create("softverbs-context", MFD_CLOEXEC);
-  if (ctx->cmd_fd < 0) {
-    int err = errno;
-    delete ctx;
-    errno = err;
-    return nullptr;
+  // and holds the record (device, creator) by which ibv_import_device finds the context
+  // again from a dup of it, here or in another process (verbs/import.cpp).
+  if (import_fd >= 0) {
+    ctx->cmd_fd = import_fd;
+  } else {
+    ctx->cmd_fd = memfd_create("softverbs-context", MFD_CLOEXEC);
+    if (ctx->cmd_fd < 0 || !write_context_record(ctx->cmd_fd, dev->name)) {
+      int err = errno;
+      if (ctx->cmd_fd >= 0) ::close(ctx->cmd_fd);
+      delete ctx;
+      errno = err;
+      return nullptr;
+    }
   }
   ibv_context* ibv = ctx->ibv();
   ibv->device = dev;
@@ -142,25 +148,13 @@ ibv_context* open_context(ibv_device* dev) {
 }
 
 int close_context(Context* ctx) {
+  sweep_unimported_pds();  // the objects on them are gone by now, if the program freed them
   unregister_context(ctx);
   ::close(ctx->cmd_fd);
   pthread_mutex_destroy(&ctx->ibv()->mutex);
   ctx->magic = kDead;
   delete ctx;
   return 0;
-}
-
-Context* context_from_cmd_fd(int fd) {
-  struct stat want;
-  if (fstat(fd, &want) != 0) return nullptr;
-  Context* found = nullptr;
-  for_each_context([&](Context* ctx) {
-    struct stat have;
-    if (!found && fstat(ctx->cmd_fd, &have) == 0 && have.st_ino == want.st_ino &&
-        have.st_dev == want.st_dev)
-      found = ctx;
-  });
-  return found;
 }
 
 int get_async_event(Context* ctx, ibv_async_event* ev) {

@@ -16,11 +16,11 @@ namespace softverbs {
 namespace {
 
 // The wc_flags a software device can fill. CVLAN (no VLAN tags reach us: RoCE v2 goes
-// through UDP sockets), FLOW_TAG (no flow steering) and TM_INFO (no tag matching) are not
-// meaningful here: asking for them gives EOPNOTSUPP, as a provider without them does.
+// through UDP sockets) and FLOW_TAG (no flow steering) are not meaningful here: asking for
+// them gives EOPNOTSUPP, as a provider without them does. TM_INFO: tag matching SRQs.
 constexpr uint64_t kSupportedWcFlags =
     uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
-    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
+    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
 constexpr uint32_t kSupportedCreateFlags =
     IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
 constexpr uint32_t kKnownCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
@@ -118,8 +118,11 @@ uint64_t read_completion_wallclock_ns(ibv_cq_ex* ex) {
 // Never filled (see kSupportedWcFlags), but no slot of ibv_cq_ex may be NULL.
 uint16_t read_cvlan(ibv_cq_ex*) { return 0; }
 uint32_t read_flow_tag(ibv_cq_ex*) { return 0; }
-void read_tm_info(ibv_cq_ex*, ibv_wc_tm_info* info) {
-  if (info) *info = {};
+// The TMH's tag and app_ctx of a matched message; zero for every other completion.
+void read_tm_info(ibv_cq_ex* ex, ibv_wc_tm_info* info) {
+  Cq* cq = of(ex);
+  if (!info) return;
+  *info = (cq->stamp_kinds & CqeStamp::kTm) ? cq->stamps[current_slot(cq)].tm : ibv_wc_tm_info{};
 }
 
 void fill_poll_ops(ibv_cq_ex* ex) {
@@ -182,6 +185,7 @@ ibv_cq_ex* create_cq_ex(Context* ctx, const ibv_cq_init_attr_ex* attr) {
   if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) cq->stamp_kinds |= CqeStamp::kRaw;
   if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
     cq->stamp_kinds |= CqeStamp::kWall;
+  if (attr->wc_flags & IBV_WC_EX_WITH_TM_INFO) cq->stamp_kinds |= CqeStamp::kTm;
   if (cq->stamp_kinds) cq->stamps.resize(cq->ring.size());
   cq->ibv.comp_mask = 0;
   fill_poll_ops(&cq->ibv);

@@ -67,7 +67,7 @@ ibv_pd* alloc_parent_domain(Context* ctx, const ibv_parent_domain_init_attr* att
   p->pd.ibv.context = ctx->ibv();
   p->pd.ibv.handle = base->ibv.handle;
   p->pd.ctx = ctx;
-  p->pd.prot = base;
+  p->pd.prot = base->prot;  // an imported PD stands for its origin
   p->pd.parent = p;
   p->td = td;
   if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT) p->pd_context = attr->pd_context;

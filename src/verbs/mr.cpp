@@ -55,9 +55,15 @@ ibv_pd* alloc_pd(Context* ctx) {
     errno = ENOMEM;
     return nullptr;
   }
+  // Handles are unique in the process, so one never names a PD of another context.
+  static std::atomic<uint32_t> next_handle{1};
   pd->ibv.context = ctx->ibv();
-  pd->ibv.handle = 0;
+  pd->ibv.handle = next_handle.fetch_add(1, std::memory_order_relaxed);
   pd->ctx = ctx;
+  {
+    std::lock_guard<std::mutex> lock(ctx->shared->mu);
+    ctx->shared->pds[pd->ibv.handle] = pd;
+  }
   return &pd->ibv;
 }
 
@@ -66,6 +72,14 @@ int dealloc_pd(Pd* pd) {
   if (pd->parent) {
     free_parent_domain(pd);
     return 0;
+  }
+  if (pd->imported) {  // the kernel would destroy the PD; ours stays with its creator
+    unimport_pd(pd);
+    return 0;
+  }
+  {
+    std::lock_guard<std::mutex> lock(pd->ctx->shared->mu);
+    pd->ctx->shared->pds.erase(pd->ibv.handle);
   }
   pd->magic = kDead;
   delete pd;
@@ -125,6 +139,7 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
   if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
                 IBV_REREG_MR_CHANGE_ACCESS) || flags == 0)
     return IBV_REREG_MR_ERR_INPUT;
+  if (mr->imported) return IBV_REREG_MR_ERR_INPUT;  // only its creator changes the MR
   if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access))
     return IBV_REREG_MR_ERR_INPUT;
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || length == 0))
@@ -166,6 +181,10 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
 }
 
 int dereg_mr(Mr* mr) {
+  if (mr->imported) {
+    unimport_mr(mr);
+    return 0;
+  }
   // Waits for in-flight operations (shared lock); fails while memory windows are bound to
   // it (ibv_alloc_mw(3): "ibv_dereg_mr() fails if any memory window is still bound to this
   // MR"). EBUSY, as for a PD still in use; rxe answers EINVAL.

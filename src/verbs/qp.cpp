@@ -537,6 +537,7 @@ int destroy_qp(Qp* qp) {
   pthread_cond_destroy(&q->cond);
   qp->magic = kDead;
   delete qp;
+  sweep_unimported_pds();  // an unimported PD it was created on may go now
   return 0;
 }
 
@@ -711,6 +712,17 @@ ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* ex) {
   }
   const ibv_srq_type type =
       (ex->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? ex->srq_type : IBV_SRQT_BASIC;
+  // Tag matching (verbs/tag_matching.cpp): a PD, a CQ for its completions, and tm_cap.
+  if (type == IBV_SRQT_TM) {
+    constexpr uint32_t kNeed = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
+    Pd* pd = (ex->comp_mask & IBV_SRQ_INIT_ATTR_PD) ? Pd::from(ex->pd) : nullptr;
+    Cq* cq = (ex->comp_mask & IBV_SRQ_INIT_ATTR_CQ) ? Cq::from(ex->cq) : nullptr;
+    if ((ex->comp_mask & kNeed) != kNeed || !pd || pd->ctx->shared != ctx->shared || !cq) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    return create_tm_srq(pd, cq, ex);
+  }
   // XRC SRQs wait for XRC domains; tag matching is not implemented.
   if (type != IBV_SRQT_BASIC || (ex->comp_mask & IBV_SRQ_INIT_ATTR_TM)) {
     errno = EOPNOTSUPP;
@@ -758,6 +770,7 @@ int destroy_srq(Srq* srq) {
     srq->ctx->srqs.erase(srq);
   }
   srq->pd->users--;
+  free_tm_srq(srq);
   pthread_mutex_destroy(&srq->ibv.mutex);
   pthread_cond_destroy(&srq->ibv.cond);
   srq->magic = kDead;

@@ -17,7 +17,9 @@
 namespace softverbs {
 
 // Context and async events
-ibv_context* open_context(ibv_device* dev);
+// import_fd: the cmd_fd of an imported context (ibv_import_device), which it takes over;
+// -1 for a new one.
+ibv_context* open_context(ibv_device* dev, int import_fd = -1);
 int close_context(Context* ctx);
 int get_async_event(Context* ctx, ibv_async_event* ev);
 void ack_async_event(ibv_async_event* ev);
@@ -33,6 +35,19 @@ void wait_acked(pthread_mutex_t* mutex, pthread_cond_t* cond, const uint32_t* co
 // The device failed: DEVICE_FATAL on every open context, and every QP to the error state.
 void raise_device_fatal();
 Context* context_from_cmd_fd(int fd);
+
+// Importing (verbs/import.cpp): ibv_import_device(3), ibv_import_pd(3), ibv_import_mr(3).
+// A context's cmd_fd is a memfd naming its device and creator; a dup of it, or one passed
+// to another process, imports the context. nullptr + errno on failure.
+ibv_context* import_device(int cmd_fd);
+ibv_pd* import_pd(Context* ctx, uint32_t handle);
+void unimport_pd(Pd* pd);
+ibv_mr* import_mr(Pd* pd, uint32_t handle);
+void unimport_mr(Mr* mr);
+// Frees unimported PDs whose last user (a QP, SRQ, AH, MR made on them) is gone.
+void sweep_unimported_pds();
+// Writes the record import_device reads into a new context's cmd_fd; false + errno.
+bool write_context_record(int cmd_fd, const char* device_name);
 
 // PD, MR, AH
 ibv_pd* alloc_pd(Context* ctx);
@@ -65,6 +80,13 @@ ibv_mr* reg_dmabuf_mr(Pd* pd, uint64_t offset, size_t length, uint64_t iova, int
                       unsigned access);
 ibv_mr* reg_fd_mr(Pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
                   unsigned access);
+
+// Tag matching SRQs (verbs/tag_matching.cpp): ibv_create_srq_ex(3) with IBV_SRQT_TM,
+// ibv_post_srq_ops(3), and what ibv_query_device_ex reports in tm_caps.
+ibv_srq* create_tm_srq(Pd* pd, Cq* cq, ibv_srq_init_attr_ex* ex);
+int post_srq_ops(Srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad);
+void fill_tm_caps(ibv_tm_caps* caps);
+void free_tm_srq(Srq* srq);  // destroy_srq: the TM state, if any
 
 // Thread and parent domains (verbs/domains.cpp): ibv_alloc_td(3), ibv_alloc_parent_domain(3).
 ibv_td* alloc_td(Context* ctx, const ibv_td_init_attr* attr);

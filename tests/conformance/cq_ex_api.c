@@ -4,12 +4,14 @@
  *   moderation; ibv_modify_cq says EOPNOTSUPP accordingly; ibv_query_rt_values_ex's raw
  *   clock moves forward;
  * - ibv_create_cq_ex accepts every wc_flag a software device can fill and both create flags,
- *   refuses CVLAN, FLOW_TAG and TM_INFO (EOPNOTSUPP), bad sizes, vectors and masks (EINVAL);
+ *   refuses CVLAN and FLOW_TAG (EOPNOTSUPP; TM_INFO is accepted, for tag matching), bad
+ *   sizes, vectors and masks (EINVAL);
  * - an extended CQ overruns like any CQ (CQ_ERR, its QP to ERR, start_poll then fails where
  *   ibv_poll_cq returns -1), unless created with IGNORE_OVERRUN (completions beyond its size
  *   are lost, nothing else happens, it keeps working);
  * - a SINGLE_THREADED CQ polls, and ibv_resize_cq keeps the completions' timestamps;
- * - ibv_create_srq_ex makes a basic SRQ that receives; XRC and tag matching: EOPNOTSUPP.
+ * - ibv_create_srq_ex makes a basic SRQ that receives; XRC: EOPNOTSUPP; a TM SRQ without
+ *   its tm_cap: EINVAL.
  */
 #include "common.h"
 
@@ -154,7 +156,9 @@ int main(void)
 	}
 	expect_create_fails(10, IBV_WC_EX_WITH_CVLAN, 0, 0, 0, EOPNOTSUPP, "CVLAN");
 	expect_create_fails(10, IBV_WC_EX_WITH_FLOW_TAG, 0, 0, 0, EOPNOTSUPP, "FLOW_TAG");
-	expect_create_fails(10, IBV_WC_EX_WITH_TM_INFO, 0, 0, 0, EOPNOTSUPP, "TM_INFO");
+	struct ibv_cq_ex *tm_cq = create_ex(10, IBV_WC_EX_WITH_TM_INFO, 0, 0);
+	CHECK(tm_cq != NULL); /* tag matching (twoproc_tag_matching) */
+	CHECK_OK(ibv_destroy_cq(ibv_cq_ex_to_cq(tm_cq)));
 	expect_create_fails(10, 1ull << 40, 0, 0, 0, EOPNOTSUPP, "an unknown wc_flag");
 	expect_create_fails(10, 0, IBV_CQ_INIT_ATTR_MASK_FLAGS, 1u << 7, 0, EOPNOTSUPP,
 			    "an unknown create flag");
@@ -244,9 +248,9 @@ int main(void)
 	errno = 0;
 	CHECK(ibv_create_srq_ex(dev.ctx, &bad) == NULL && errno == EOPNOTSUPP);
 	bad = sx;
-	bad.srq_type = IBV_SRQT_TM;
+	bad.srq_type = IBV_SRQT_TM; /* without IBV_SRQ_INIT_ATTR_TM (twoproc_tag_matching) */
 	errno = 0;
-	CHECK(ibv_create_srq_ex(dev.ctx, &bad) == NULL && errno == EOPNOTSUPP);
+	CHECK(ibv_create_srq_ex(dev.ctx, &bad) == NULL && errno == EINVAL);
 	bad = sx;
 	bad.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ; /* no PD */
 	errno = 0;

@@ -230,6 +230,27 @@ def print_summary(result):
             print(f'  {kind}: {test.id()}')
     for test in result.unexpectedSuccesses:
         print(f'  UNEXPECTED SUCCESS: {test.id()}')
+    # A floor failure on a machine without huge pages should say why at once.
+    no_huge = sum(1 for _, why in result.skipped if 'huge pages' in why)
+    if no_huge:
+        print(f'  {no_huge} skipped for want of huge pages: {huge_pages_note()}')
+
+
+HUGE_PAGES = '/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages'
+
+
+def huge_pages_note():
+    """What the suite's huge page tests (tests.utils.huge_pages_supported) will find: they
+    skip when no 2 MiB page is reserved, which only root can change."""
+    try:
+        with open(HUGE_PAGES, encoding='utf-8') as count:
+            reserved = int(count.read())
+    except (OSError, ValueError):
+        return 'huge pages: this kernel has no 2 MiB huge pages; 3 tests will skip'
+    if reserved == 0:
+        return ('huge pages: NONE reserved, so test_odp (2) and test_parent_domain (1) will '
+                'skip; as root: echo 8 > /proc/sys/vm/nr_hugepages (.ci/run does it)')
+    return f'huge pages: {reserved} of 2 MiB reserved'
 
 
 def loaded_libibverbs():
@@ -250,7 +271,8 @@ def main():
     print(f'pyverbs: {os.path.dirname(pyverbs.device.__file__)}')
     print(f'libibverbs: {loaded_libibverbs()}')
     print(f'random seed: {seed} (repeat this run with --seed {seed})')
-    print(f'rdma_cm tests: address {cm_addr} for a device without a netdev', flush=True)
+    print(f'rdma_cm tests: address {cm_addr} for a device without a netdev')
+    print(huge_pages_note(), flush=True)
     if peer:
         print(f'rdma_cm tests: passive side in network namespace {peer["peer-netns"]}, '
               f'SOFTVERBS_STATE_DIR={peer["peer-state-dir"]}; active side from '

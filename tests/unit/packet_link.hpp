@@ -49,7 +49,7 @@ class Node : public pk::Env {
     if (va < base || va + len > base + mem.size() || va + len < va) return {};
     return {reinterpret_cast<uint8_t*>(va), true};
   }
-  std::optional<pk::RecvWqe> take_receive() override {
+  std::optional<pk::RecvWqe> take_receive(std::span<const uint8_t>) override {
     if (rq.empty()) return std::nullopt;
     pk::RecvWqe w = std::move(rq.front());
     rq.pop_front();

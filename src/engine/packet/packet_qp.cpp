@@ -165,7 +165,7 @@ void PacketQp::enter_error() {
 
 void PacketQp::flush_receives() {
   in_msg_ = InMessage::kNone;
-  if (!recv_) recv_ = env_.take_receive();
+  if (!recv_) recv_ = env_.take_receive({});
   while (recv_) {
     Completion wc;
     wc.wr_id = recv_->wr_id;
@@ -173,7 +173,7 @@ void PacketQp::flush_receives() {
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = qp_num_;
     env_.push_completion(WorkQueue::kRecv, wc);
-    recv_ = env_.take_receive();
+    recv_ = env_.take_receive({});
   }
 }
 

@@ -61,8 +61,17 @@ enum class QpType : uint8_t { kRc, kUc, kUd };
 enum class WorkQueue : uint8_t { kSend, kRecv };
 
 // One send work request, local addresses already resolved (lkeys checked by the owner).
+// Tag matching (engine/tm_responder.cpp) rides along a WQE to its completion: the owner
+// says what a receive or a send of its own is, and reads it back from the completion.
+struct TmMark {
+  uint8_t kind = 0;  // the owner's (0: none)
+  uint64_t tag = 0;
+  uint32_t app_ctx = 0;
+};
+
 struct SendWqe {
   uint64_t wr_id = 0;
+  TmMark tm;                           // the owner's own work (never signaled to anyone)
   ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
                                        // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD,
                                        // ATOMIC_WRITE, FLUSH (kWrFlush)
@@ -89,6 +98,11 @@ struct RecvWqe {
   uint64_t wr_id = 0;
   std::vector<Iov> sg;
   bool key_error = false;  // an SGE failed its lkey check (sg is then empty): LOC_PROT_ERR
+  // Tag matching: the message's first `skip` bytes (a matched TMH) are not placed, or with
+  // `discard` none is (a matched rendezvous request); byte_len counts what was placed.
+  uint32_t skip = 0;
+  bool discard = false;
+  TmMark tm;
 };
 
 // ibv_wc's fields, plus the SE bit for solicited-only CQ notification.
@@ -107,6 +121,7 @@ struct Completion {
   uint8_t sl = 0;  // UD: the GRH slot's L3 header type (wire/roce/grh.hpp)
   uint8_t dlid_path_bits = 0;
   bool solicited = false;
+  TmMark tm;  // the WQE's, as the owner marked it
 };
 
 // What resolve_rkey found: `addr` maps [va, va + len) when ok.
@@ -128,8 +143,9 @@ class Env {
   virtual void cancel_timer() = 0;
   // Checks that `rkey` grants `access` (IBV_ACCESS_REMOTE_*) on [va, va + len), len > 0.
   virtual RkeyResult resolve_rkey(uint32_t rkey, uint64_t va, uint32_t len, int access) = 0;
-  // The next receive WQE (dequeued: the QP completes it), or none (RNR).
-  virtual std::optional<RecvWqe> take_receive() = 0;
+  // The next receive WQE (dequeued: the QP completes it), or none (RNR). `first`: the
+  // first packet's payload of the SEND it is for (tag matching looks at it), else empty.
+  virtual std::optional<RecvWqe> take_receive(std::span<const uint8_t> first) = 0;
   virtual void push_completion(WorkQueue queue, const Completion& wc) = 0;
   virtual void raise_event(ibv_event_type type) = 0;
   // Executes an atomic on 8 aligned bytes and returns the old value (host order);
@@ -246,7 +262,7 @@ class PacketQp {
   void do_flush(const Packet& pkt);
   void send_empty_read_response(uint32_t psn);
   void send_atomic_ack(uint32_t psn, uint64_t orig);
-  bool hold_receive();
+  bool hold_receive(std::span<const uint8_t> first = {});
   void complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
                         const Packet* last, uint32_t src_qp, unsigned flags, uint8_t sl = 0);
   void send_ack(uint8_t syndrome, uint32_t psn);

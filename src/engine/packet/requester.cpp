@@ -300,6 +300,7 @@ void PacketQp::complete_send(const SendEntry& e, ibv_wc_status status) {
     return;
   Completion wc;
   wc.wr_id = e.wr.wr_id;
+  wc.tm = e.wr.tm;
   wc.status = status;
   wc.opcode = wc_opcode(e.wr.opcode);
   wc.byte_len = e.length;

@@ -169,8 +169,8 @@ bool PacketQp::check_length(const Packet& pkt, uint8_t op) const {
   return n >= 1 && n <= mtu_;
 }
 
-bool PacketQp::hold_receive() {
-  if (!recv_) recv_ = env_.take_receive();
+bool PacketQp::hold_receive(std::span<const uint8_t> first) {
+  if (!recv_) recv_ = env_.take_receive(first);
   return recv_.has_value();
 }
 
@@ -178,14 +178,21 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
   const bool rc = type_ == QpType::kRc;
   const uint32_t psn = pkt.psn & kPsnMask;
   if (starts_message(op)) {
-    if (!hold_receive()) {
+    if (!hold_receive({pkt.payload, pkt.payload_len})) {
       if (rc) send_ack(rw::kAethRnrNak | (min_rnr_timer_ & 0x1f), psn);
       return false;  // UC: dropped; the rest of the message fails the sequence check
     }
     in_msg_ = InMessage::kSend;
     recv_offset_ = 0;
   }
-  if (!scatter(recv_->sg, recv_offset_, pkt.payload, pkt.payload_len)) {
+  // Tag matching: the bytes before `skip` (or all, `discard`) are not placed.
+  const uint32_t drop = recv_->discard ? pkt.payload_len
+                        : recv_offset_ >= recv_->skip
+                            ? 0
+                            : std::min(pkt.payload_len, recv_->skip - recv_offset_);
+  const uint64_t place_at = recv_offset_ + drop - std::min(recv_offset_ + drop, recv_->skip);
+  if (drop < pkt.payload_len &&
+      !scatter(recv_->sg, place_at, pkt.payload + drop, pkt.payload_len - drop)) {
     if (!rc) {
       drop_message();
       return false;
@@ -206,7 +213,8 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
   if (ends_message(op)) {
     // src_qp: the connected peer, as the same-host transport reports it (ibv_poll_cq(3)
     // promises it for UD only; programs moving between the two must see the same).
-    complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, recv_offset_, &pkt, dest_qpn_, 0);
+    const uint32_t placed = recv_->discard ? 0 : recv_offset_ - std::min(recv_offset_, recv_->skip);
+    complete_receive(IBV_WC_SUCCESS, IBV_WC_RECV, placed, &pkt, dest_qpn_, 0);
     in_msg_ = InMessage::kNone;
     msn_ = psn_add(msn_, 1);
   }
@@ -435,6 +443,7 @@ void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint
                                 uint8_t sl) {
   Completion wc;
   wc.wr_id = recv_->wr_id;
+  wc.tm = recv_->tm;
   wc.status = status;
   wc.opcode = opcode;
   wc.byte_len = byte_len;
