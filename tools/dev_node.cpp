@@ -67,8 +67,9 @@ bool enter_user_namespace(unsigned inner_uid, unsigned outer_uid, unsigned inner
 
 // Mounts a tmpfs over DIR holding what DIR held: directories and other files bind-mounted
 // from the original (recursively, so the mounts below them come along), symlinks copied.
-// SKIP, if not empty, names an entry to leave out. Returns an fd of the new DIR.
-int rebuild(const char* dir, const char* skip, Failure& failure) {
+// SKIP, if not empty, names an entry to leave out; COPY false leaves the tmpfs empty (a
+// probe). Returns an fd of the new DIR.
+int rebuild(const char* dir, const char* skip, bool copy, Failure& failure) {
   int old = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (old < 0) return fail(failure, std::string("open ") + dir), -1;
   struct stat dir_stat {};
@@ -89,7 +90,7 @@ int rebuild(const char* dir, const char* skip, Failure& failure) {
     return -1;
   }
   bool ok = true;
-  while (dirent* entry = readdir(entries)) {
+  while (dirent* entry = copy ? readdir(entries) : nullptr) {
     const char* name = entry->d_name;
     if (!std::strcmp(name, ".") || !std::strcmp(name, "..") || !std::strcmp(name, skip)) continue;
     struct stat st {};
@@ -126,8 +127,9 @@ int rebuild(const char* dir, const char* skip, Failure& failure) {
 }
 
 // Gives this process a private /dev with infiniband/DEV_NAME in it. USER_NS: also a user
-// namespace (we are not root); the caller's ids are mapped back before returning.
-bool make_dev_node(const char* dev_name, bool user_ns, Failure& failure) {
+// namespace (we are not root); the caller's ids are mapped back before returning. PROBE:
+// every step, but /dev is left empty apart from the node (it is only a test).
+bool make_dev_node(const char* dev_name, bool user_ns, bool probe, Failure& failure) {
   unsigned uid = geteuid(), gid = getegid();
   if (user_ns) {
     if (!enter_user_namespace(0, uid, 0, gid, failure)) return false;
@@ -144,7 +146,8 @@ bool make_dev_node(const char* dev_name, bool user_ns, Failure& failure) {
   bool have_ib_dir = stat(kIbDir, &st) == 0 && S_ISDIR(st.st_mode);
   // Rebuild the smallest directory that lets us add the node: /dev/infiniband if the host has
   // one (real RDMA devices stay visible), else /dev.
-  int dir = have_ib_dir ? rebuild(kIbDir, dev_name, failure) : rebuild(kDevDir, "", failure);
+  int dir = have_ib_dir ? rebuild(kIbDir, dev_name, !probe, failure)
+                        : rebuild(kDevDir, "", !probe, failure);
   bool ok = dir >= 0;
   if (ok && !have_ib_dir) {
     int ib = -1;
@@ -181,7 +184,7 @@ bool probe(const char* dev_name, bool user_ns, Failure& failure) {
   if (child == 0) {
     close(report[0]);
     Failure inner;
-    if (make_dev_node(dev_name, user_ns, inner)) _exit(0);
+    if (make_dev_node(dev_name, user_ns, true, inner)) _exit(0);
     std::string text = inner.what + ": " + std::strerror(inner.error);
     (void)!write(report[1], text.data(), text.size());
     _exit(1);
@@ -230,12 +233,15 @@ int main(int argc, char** argv) {
 
   // Root: a mount namespace alone. Otherwise (or if root may not have one, as in a container
   // without CAP_SYS_ADMIN that allows user namespaces) a user namespace with it.
-  Failure failure;
+  Failure failure, first;  // the first failure says most (root: no CAP_SYS_ADMIN)
   bool root = geteuid() == 0;
   for (bool user_ns : {false, true}) {
     if (!user_ns && !root) continue;
-    if (!probe(dev_name, user_ns, failure)) continue;
-    if (make_dev_node(dev_name, user_ns, failure)) run(command);
+    if (!probe(dev_name, user_ns, failure)) {
+      if (first.what.empty()) first = failure;
+      continue;
+    }
+    if (make_dev_node(dev_name, user_ns, false, failure)) run(command);
     // The probe passed, so this is unexpected; in a half-made user namespace our uid is not
     // ours any more, and the program must not run like that.
     std::fprintf(stderr, "softverbs: making /dev/infiniband/%s failed: %s: %s (--no-dev-node skips it)\n",
@@ -250,6 +256,6 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "softverbs: no private /dev here (%s), so UCX will not see %s%s "
                "(--no-dev-node hides this)\n",
-               failure.what.c_str(), dev_name, hint.c_str());
+               first.what.c_str(), dev_name, hint.c_str());
   run(command);
 }
