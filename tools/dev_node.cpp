@@ -141,7 +141,9 @@ bool make_dev_node(const char* dev_name, bool user_ns, bool probe, Failure& fail
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
     return fail(failure, "make / private");
 
+  // rebuild() works from inside the original directory: come back here afterwards.
   int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (cwd < 0) return fail(failure, "open the working directory");
   struct stat st {};
   bool have_ib_dir = stat(kIbDir, &st) == 0 && S_ISDIR(st.st_mode);
   // Rebuild the smallest directory that lets us add the node: /dev/infiniband if the host has
@@ -162,10 +164,8 @@ bool make_dev_node(const char* dev_name, bool user_ns, bool probe, Failure& fail
                fchmodat(dir, dev_name, 0666, 0) == 0) ||
               fail(failure, std::string("mknod ") + kIbDir + "/" + dev_name));
   if (dir >= 0) close(dir);
-  if (cwd >= 0) {
-    if (fchdir(cwd) != 0 && ok) ok = fail(failure, "chdir back");
-    close(cwd);
-  }
+  if (fchdir(cwd) != 0 && ok) ok = fail(failure, "chdir back");
+  close(cwd);
   if (!ok) return false;
   return !user_ns || enter_user_namespace(uid, 0, gid, 0, failure);
 }

@@ -82,6 +82,8 @@ else
   check "run: not on the host" '[[ ! -e $node ]]'
   run "$SOFTVERBS" run -- dd if=/dev/zero of=/dev/null count=1 status=none
   check "run: /dev/null and /dev/zero still work" '((rc == 0))'
+  run "$SOFTVERBS" run -- pwd -P
+  check "run: the program starts in our working directory" '[[ $out == "$(pwd -P)" ]]'
   run "$SOFTVERBS" run --no-dev-node -- "${node_stat[@]}"
   check "run --no-dev-node: no node" '((rc != 0))'
   run env SOFTVERBS_DEV_NODE=0 "$SOFTVERBS" run -- "${node_stat[@]}"
