@@ -102,7 +102,7 @@ struct RecvWqe {
   // `discard` none is (a matched rendezvous request); byte_len counts what was placed.
   uint32_t skip = 0;
   bool discard = false;
-  TmMark tm;
+  TmMark tm{};
 };
 
 // ibv_wc's fields, plus the SE bit for solicited-only CQ notification.
