@@ -12,6 +12,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -127,6 +128,13 @@ struct Id {
   // Events handed out and not acked yet (destroy waits for 0). Atomic: counted under the
   // channel's queue lock, which is taken after g_mu, never before.
   std::atomic<int> unacked{0};
+  // The service's bookkeeping (cm/service.cpp), kept here so that none of it needs a scan
+  // over every id or socket of the process.
+  bool listened = false;          // was a listener: ids it made may point back at it
+  int pending_requests = 0;       // listener: accepted sockets whose request has not come
+  bool in_timewait = false;       // in the service's time-wait queue, due at timewait_at
+  std::chrono::steady_clock::time_point timewait_at{};
+  bool connect_queued = false;    // its REQ waits for room in the listener's backlog
   static Id* from(rdma_cm_id* i);
 };
 
