@@ -59,13 +59,18 @@ int destroy_comp_channel(CompChannel* ch) {
 }
 
 ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int comp_vector) {
-  if (cqe < 1 || cqe > Limits::max_cqe || comp_vector < 0 ||
+  if (cqe < 1 || cqe > device_limits().max_cqe || comp_vector < 0 ||
       comp_vector >= ctx->ibv()->num_comp_vectors || (ch && ch->ctx != ctx)) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!count_object(Counted::Cq)) {  // device_limits().max_cq
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* cq = new (std::nothrow) Cq{};
   if (!cq) {
+    uncount_object(Counted::Cq);
     errno = ENOMEM;
     return nullptr;
   }
@@ -103,7 +108,7 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
 }
 
 int resize_cq(Cq* cq, int cqe) {
-  if (cqe < 1 || cqe > Limits::max_cqe) return EINVAL;
+  if (cqe < 1 || cqe > device_limits().max_cqe) return EINVAL;
   std::lock_guard<SpinLock> p(cq->produce_mu);
   std::lock_guard<SpinLock> c(cq->consume_mu);
   uint64_t head = cq->head.load(), tail = cq->tail.load();
@@ -163,6 +168,7 @@ int destroy_cq(Cq* cq) {
     if (wire::Arena* arena = wire::Arena::self()) arena->release(cq->shared_offset, sizeof(wire::CqShared));
   cq->magic = kDead;
   delete cq;
+  uncount_object(Counted::Cq);
   return 0;
 }
 

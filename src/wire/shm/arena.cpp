@@ -34,6 +34,11 @@ pid_t g_owner = 0;
 Arena* g_self = nullptr;
 uint64_t g_next = kAlign;  // offset 0 stays unused: it means "none"
 std::multimap<size_t, uint64_t>& g_free = *new std::multimap<size_t, uint64_t>;  // size -> offset
+// Blocks of at most kSmallBlock bytes (a CQ's arm word and doorbell) are cut from pages,
+// kAlign / kSmallBlock to a page: one page each would let 65536 CQs take the whole arena
+// and 256 MiB of shared memory.
+constexpr size_t kSmallBlock = 128;
+std::vector<uint64_t>& g_small_free = *new std::vector<uint64_t>;
 
 struct PeerKey {
   int slot;
@@ -76,6 +81,7 @@ Arena* Arena::self() {
   g_self = nullptr;
   g_next = kAlign;
   g_free.clear();
+  g_small_free.clear();
   g_retired.clear();
   int fd = memfd_create("softverbs-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return nullptr;
@@ -131,9 +137,8 @@ uint64_t Arena::allocate_published(size_t bytes) {
   return off;
 }
 
-uint64_t Arena::allocate(size_t bytes) {
+uint64_t Arena::allocate_locked(size_t bytes) {
   bytes = whole_blocks(bytes);
-  std::lock_guard<std::mutex> lock(g_mu);
   if (!g_retired.empty()) reclaim_retired_locked();
   auto it = g_free.find(bytes);
   if (it != g_free.end()) {
@@ -148,11 +153,26 @@ uint64_t Arena::allocate(size_t bytes) {
   return off;
 }
 
+uint64_t Arena::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (bytes > kSmallBlock) return allocate_locked(bytes);
+  if (g_small_free.empty()) {
+    uint64_t page = allocate_locked(kAlign);
+    if (!page) return 0;
+    // Handed out from the page's start, as a page of its own would be.
+    for (size_t at = kAlign; at > 0; at -= kSmallBlock) g_small_free.push_back(page + at - kSmallBlock);
+  }
+  uint64_t off = g_small_free.back();
+  g_small_free.pop_back();
+  std::memset(base_ + off, 0, kSmallBlock);
+  return off;
+}
+
 void Arena::release(uint64_t offset, size_t bytes) {
   if (!offset) return;
-  bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
-  g_free.emplace(bytes, offset);
+  if (bytes <= kSmallBlock) g_small_free.push_back(offset);
+  else g_free.emplace(whole_blocks(bytes), offset);
 }
 
 void Arena::retire(uint64_t offset, size_t bytes, pid_t writer) {
