@@ -1,10 +1,11 @@
 /*
- * bench/scale/qps.c: many RC QPs between two processes of one host (bench/scale runs it).
+ * bench/scaling/qps.c: many RC QPs between two processes of one host (bench/scale runs it).
  * Each process creates N RC QPs on one CQ, the two trade their QP numbers over a socket,
- * move every QP to RTS pointed at its partner, check that a sample of the connections
- * carries a SEND, and destroy them all. Prints, per process, the time per QP of each phase
- * and what the QPs cost in memory: resident set (RSS) and shared memory (softverbs' memfds,
- * which live in the kernel's shmem like /dev/shm, plus the state directory).
+ * move every QP to RTS pointed at its partner, send one SEND from A to B on every k-th
+ * connection (default: every one), and destroy them all. Prints, per process, the time per
+ * QP of each phase and what the QPs cost in memory, connected and after the SENDs: resident
+ * set (RSS) and shared memory (softverbs' memfds, which live in the kernel's shmem like
+ * /dev/shm, plus the state directory).
  *
  *   scale_qps [-n QPS] [-k SAMPLES]     (through `softverbs run`)
  *
@@ -19,7 +20,7 @@
 #include <time.h>
 
 static int nqps = 10000;
-static int samples = 10;
+static int samples = -1;  /* -1: every QP */
 static char side;
 
 static double now_s(void)
@@ -95,7 +96,7 @@ static void run(int sock)
 	sv_pair_cfg_init(&cfg);
 	cfg.max_send_wr = cfg.max_recv_wr = 16;
 	cfg.max_send_sge = cfg.max_recv_sge = 1;
-	struct ibv_cq *cq = ibv_create_cq(dev.ctx, 4096, NULL, NULL, 0);
+	struct ibv_cq *cq = ibv_create_cq(dev.ctx, nqps + 16, NULL, NULL, 0);
 	CHECK(cq != NULL);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
 	struct ibv_qp **qps = calloc(nqps, sizeof(*qps));
@@ -127,8 +128,8 @@ static void run(int sock)
 	double t3 = now_s(), c3 = cpu_s();
 	double rss1 = rss_kib(), shm1 = shm_kib();
 
-	/* A sample of the connections carries a SEND from A to B. */
-	int step = nqps / samples > 0 ? nqps / samples : 1;
+	/* A sample of the connections (or every one) carries a SEND from A to B. */
+	int step = samples > 0 && nqps / samples > 0 ? nqps / samples : 1;
 	int sent = 0;
 	if (side == 'B')
 		for (int i = 0; i < nqps; i += step)
@@ -148,6 +149,7 @@ static void run(int sock)
 	}
 	sv_say(sock, 2);
 	CHECK_EQ(sv_hear(sock), 2);
+	double rss_sent = rss_kib(), shm_sent = shm_kib();
 
 	double c4 = cpu_s(), t4 = now_s();
 	for (int i = 0; i < nqps; i++)
@@ -164,6 +166,8 @@ static void run(int sock)
 	report("destroy_cpu", (c5 - c4) * 1e6 / nqps, "us/qp");
 	report("rss", (rss1 - rss0) / nqps, "KiB/qp");
 	report("shm", (shm1 - shm0) / nqps, "KiB/qp");
+	report("rss_sent", (rss_sent - rss0) / nqps, "KiB/qp");
+	report("shm_sent", (shm_sent - shm0) / nqps, "KiB/qp");
 	report("rss_after_destroy", rss2 - rss0, "KiB");
 	report("shm_after_destroy", shm2 - shm0, "KiB");
 	report("sample_sends", sent, "");
@@ -194,7 +198,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (nqps < 1 || samples < 1)
+	if (nqps < 1 || samples == 0 || samples < -1)
 		return 2;
 	sv_init("scale_qps");
 	sv_watchdog(600);

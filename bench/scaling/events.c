@@ -1,5 +1,5 @@
 /*
- * bench/scale/events.c: completion events with many CQs (bench/scale runs it).
+ * bench/scaling/events.c: completion events with many CQs (bench/scale runs it).
  * Process A has N RC QPs, each with its own receive CQ; process B has N QPs connected to
  * them and sends one SEND at a time, round robin over the N connections, each after A has
  * handled the event of the one before (a token on a socket). In `channel` mode A's N CQs
