@@ -33,3 +33,38 @@ trim() {
   s=${s#"${s%%[![:space:]]*}"}
   echo "${s%"${s##*[![:space:]]}"}"
 }
+
+# Any TCP socket (listening, connected or in TIME_WAIT) on local port $1?
+port_busy() {
+  [[ -n $(ss -Htan "( sport = :$1 )" 2>/dev/null) ]]
+}
+
+port_listening() {
+  [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]
+}
+
+# Sets $port to the next port from $next_port on that nothing uses.
+take_port() {
+  while port_busy "$next_port"; do next_port=$((next_port + 1)); done
+  port=$next_port
+  next_port=$((next_port + 1))
+}
+
+# perftest's result from a client log: the column named $2 of the line under the header.
+# Columns are named by header words up to one starting with '#' or ending in ']'
+# ("BW average[MB/sec]", "99% percentile[usec]"), so names with spaces survive.
+perftest_column() {
+  awk -v want="$2" '
+    /#bytes/ {
+      n = 0; name = ""
+      for (i = 1; i <= NF; i++) {
+        name = name == "" ? $i : name " " $i
+        if ($i ~ /^#/ || $i ~ /\]$/) { col[++n] = name; name = "" }
+      }
+      header = 1; next
+    }
+    header && $1 ~ /^[0-9]+$/ {
+      for (i = 1; i <= n; i++) if (col[i] == want) { print $i; found = 1; exit }
+    }
+    END { exit !found }' "$1"
+}

@@ -3,7 +3,7 @@
 // an abstract AF_UNIX SOCK_SEQPACKET socket named after (state dir, port space, port), so
 // port numbers are host-wide and need no daemon; a connect is a connect(2) to the
 // listener's name, and the CM messages (cm/protocol.hpp) travel on that socket pair. One
-// service thread per process sleeps in poll(2) on all of them and turns messages into
+// service thread per process sleeps in epoll_wait on all of them and turns messages into
 // rdma_cm events. Everything here is under one mutex (cm::g_mu): connection setup is not a
 // fast path, and one lock keeps ids, sockets and events consistent.
 #pragma once
@@ -12,6 +12,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -82,7 +83,7 @@ struct Id {
   bool sync = false;          // created without a channel: owns `channel`, calls block
   IdState state = IdState::Idle;
   int sock = -1;              // bound name, listening socket, or one end of a connection
-  bool watched = false;       // the service polls `sock`
+  bool watched = false;       // `sock` is in the service's epoll set
   uint16_t port = 0;          // host order, once bound
   Id* listener = nullptr;     // passive ids: the listener whose request made them
   int sgid_index = 0;
@@ -127,6 +128,13 @@ struct Id {
   // Events handed out and not acked yet (destroy waits for 0). Atomic: counted under the
   // channel's queue lock, which is taken after g_mu, never before.
   std::atomic<int> unacked{0};
+  // The service's bookkeeping (cm/service.cpp), kept here so that none of it needs a scan
+  // over every id or socket of the process.
+  bool listened = false;          // was a listener: ids it made may point back at it
+  int pending_requests = 0;       // listener: accepted sockets whose request has not come
+  bool in_timewait = false;       // in the service's time-wait queue, due at timewait_at
+  std::chrono::steady_clock::time_point timewait_at{};
+  bool connect_queued = false;    // its REQ waits for room in the listener's backlog
   static Id* from(rdma_cm_id* i);
 };
 
@@ -190,7 +198,7 @@ void free_channel(Channel* ch);
 void release_channel_locked(Id* id);
 
 // ---- service internals other files use (cm/service.cpp)
-void kick_service();  // the service recomputes its poll set and timeout
+void kick_service();  // the service recomputes its timeout
 const std::set<Id*>& all_ids_locked();
 // DISCONNECTED for an id whose time-wait the IB CM runs (TIMEWAIT_EXIT comes from it).
 void report_disconnect_remote(Id* id);

@@ -1,6 +1,6 @@
 // Ids, their sockets, the connection handshake and the service thread that turns the
 // peer's messages into events (see cm.hpp and docs/decisions/0004-rdma-cm.md).
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
@@ -14,8 +14,10 @@
 #include <cstdio>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cm/cm.hpp"
@@ -29,31 +31,51 @@ std::mutex g_mu;
 
 namespace {
 
-// An accepted connection whose first message (the request) has not come yet.
-struct Pending {
-  int fd;
-  Id* listener;
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// What a socket in the epoll set is: an id's socket, or an accepted connection whose first
+// message (the request) has not come yet, for `listener`.
+struct Watch {
+  Id* id = nullptr;
+  Id* listener = nullptr;
 };
+
+// A REQ waiting for room in the listener's backlog (connect(2) said EAGAIN). The IB CM
+// resends a REQ nobody answered; so do we, with a growing pause, until the time the IB
+// CM would give up (rdma-core's CM response timeout and retries, as the kernel's cma.c).
+struct QueuedConnect {
+  Msg req;
+  SteadyTime next;
+  SteadyTime give_up;
+  std::chrono::microseconds pause;
+};
+constexpr auto kFirstConnectRetry = std::chrono::microseconds(500);
+constexpr auto kLongestConnectRetry = std::chrono::milliseconds(50);
+// CMA_CM_RESPONSE_TIMEOUT 20 (4.096 us << 20, ~4.3 s) times (CMA_MAX_CM_RETRIES 15 + 1).
+constexpr auto kConnectGiveUp = std::chrono::microseconds((4096ull << 20) / 1000 * 16);
 
 struct Service {
   pid_t owner = 0;  // the process the thread runs in (a forked child starts its own)
   int wake = -1;    // eventfd: the set of sockets changed
   int state = -1;   // inotify on the state directory: device teardown (softverbs inject)
+  int epoll = -1;   // every socket the service reads, the three fds above included
+  int remote = -1;  // the QP1 agent's fd as last added to the epoll set
   std::string device_token;  // the "device" file's content when last read
-  std::vector<Id*> watched;
-  std::vector<Pending> pending;
+  std::unordered_map<int, Watch> watched;  // by fd: the sockets in the epoll set
   std::set<Id*> ids;  // every live id, for listeners going away before their children
   // Disconnected ids waiting out their time-wait (then TIMEWAIT_EXIT), soonest first.
-  std::vector<std::pair<std::chrono::steady_clock::time_point, Id*>> timewait;
-  // The thread is in (or about to enter) poll with the fds it took under g_mu. poll holds a
-  // reference to every file it waits on until it returns, so a port's socket closed
-  // meanwhile keeps its name bound until then (settle_closed_names_locked).
+  std::multimap<SteadyTime, Id*> timewait;
+  // Connects waiting for room in a listener's backlog, by id and by when to try again.
+  std::unordered_map<Id*, QueuedConnect> queued;
+  std::multimap<SteadyTime, Id*> queued_next;
+  // The thread is in (or about to enter) epoll_wait. A socket closed meanwhile is gone
+  // from the set at once; the flag stays for settle_closed_names_locked's sake.
   std::atomic<bool> polling{false};
 };
 // Never destroyed: the service thread may still run while the process exits.
 Service& g_svc = *new Service;
 
-constexpr size_t kMaxPendingPerListener = 1024;
+constexpr int kMaxPendingPerListener = 1024;
 
 
 void wake_service() {
@@ -63,11 +85,30 @@ void wake_service() {
 
 void run_service();
 
+// Adds fd to the epoll set (or changes what it is there for).
+void epoll_add(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (epoll_ctl(g_svc.epoll, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
+    epoll_ctl(g_svc.epoll, EPOLL_CTL_MOD, fd, &ev);
+}
+
+// Takes fd out of the epoll set (before it is closed, or handed on).
+void epoll_remove(int fd) {
+  if (fd >= 0) epoll_ctl(g_svc.epoll, EPOLL_CTL_DEL, fd, nullptr);
+}
+
 void start_service_locked() {
   if (g_svc.owner == getpid()) return;
-  // After fork the parent's thread is not here: start over, forgetting its sockets.
+  // After fork the parent's thread is not here: start over, forgetting its sockets (the
+  // epoll set is shared with the parent: a new one).
   g_svc.watched.clear();
-  g_svc.pending.clear();
+  g_svc.queued.clear();
+  g_svc.queued_next.clear();
+  if (g_svc.epoll >= 0) close(g_svc.epoll);
+  g_svc.epoll = epoll_create1(EPOLL_CLOEXEC);
+  g_svc.remote = -1;
   if (g_svc.wake >= 0) close(g_svc.wake);
   g_svc.wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (g_svc.state >= 0) close(g_svc.state);
@@ -78,6 +119,8 @@ void start_service_locked() {
     g_svc.state = -1;
   }
   g_svc.device_token = read_state_word("device");  // the baseline: no event for it
+  epoll_add(g_svc.wake);
+  if (g_svc.state >= 0) epoll_add(g_svc.state);
   g_svc.owner = getpid();
   std::thread(run_service).detach();
 }
@@ -86,16 +129,31 @@ void watch_locked(Id* id) {
   if (id->watched || id->sock < 0) return;
   start_service_locked();
   id->watched = true;
-  g_svc.watched.push_back(id);
-  wake_service();
+  g_svc.watched[id->sock] = Watch{id, nullptr};
+  epoll_add(id->sock);
 }
 
 void unwatch_locked(Id* id) {
   if (!id->watched) return;
   id->watched = false;
-  auto& w = g_svc.watched;
-  w.erase(std::remove(w.begin(), w.end(), id), w.end());
-  wake_service();
+  auto it = g_svc.watched.find(id->sock);
+  if (it != g_svc.watched.end() && it->second.id == id) g_svc.watched.erase(it);
+  epoll_remove(id->sock);
+}
+
+// An accepted socket waits for its request (counted against the listener).
+void watch_pending_locked(int fd, Id* listener) {
+  ++listener->pending_requests;
+  g_svc.watched[fd] = Watch{nullptr, listener};
+  epoll_add(fd);
+}
+
+// The accepted socket's request came (the fd is the new id's now) or it never will.
+void forget_pending_locked(int fd, Id* listener) {
+  if (listener->pending_requests-- == kMaxPendingPerListener && listener->watched)
+    epoll_add(listener->sock);  // accepting again
+  auto it = g_svc.watched.find(fd);
+  if (it != g_svc.watched.end() && !it->second.id) g_svc.watched.erase(it);
 }
 
 void close_sock_locked(Id* id) {
@@ -171,10 +229,11 @@ void report_disconnect(Id* id) {
   // packets die out; rdma_cm reports the end as TIMEWAIT_EXIT (then the QP may be reused).
   auto wait = std::chrono::nanoseconds(4096ull << std::min<int>(id->ack_timeout, 19));
   auto at = std::chrono::steady_clock::now() + std::max<std::chrono::nanoseconds>(wait, std::chrono::milliseconds(10));
-  auto& tw = g_svc.timewait;
-  tw.insert(std::upper_bound(tw.begin(), tw.end(), std::make_pair(at, id),
-                             [](const auto& a, const auto& b) { return a.first < b.first; }),
-            {at, id});
+  if (!id->in_timewait) {
+    id->in_timewait = true;
+    id->timewait_at = at;
+    g_svc.timewait.emplace(at, id);
+  }
   wake_service();
 }
 
@@ -199,14 +258,26 @@ namespace {
 int expire_timewaits_locked() {
   auto now = std::chrono::steady_clock::now();
   auto& tw = g_svc.timewait;
-  while (!tw.empty() && tw.front().first <= now) {
-    Id* id = tw.front().second;
+  while (!tw.empty() && tw.begin()->first <= now) {
+    Id* id = tw.begin()->second;
     tw.erase(tw.begin());
+    id->in_timewait = false;
     queue_event(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
   }
   if (tw.empty()) return -1;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(tw.front().first - now);
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(tw.begin()->first - now);
   return static_cast<int>(left.count()) + 1;
+}
+
+void leave_timewait_locked(Id* id) {
+  if (!id->in_timewait) return;
+  id->in_timewait = false;
+  auto [first, last] = g_svc.timewait.equal_range(id->timewait_at);
+  for (auto it = first; it != last; ++it) {
+    if (it->second != id) continue;
+    g_svc.timewait.erase(it);
+    return;
+  }
 }
 
 uint8_t clamp_rd(uint8_t v, int max) { return static_cast<uint8_t>(std::min<int>(v, max)); }
@@ -352,15 +423,15 @@ int read_messages(int fd, F&& handle) {
 void service_id(Id* id) {
   if (id->state == IdState::Listening) {
     for (;;) {
+      if (id->pending_requests >= kMaxPendingPerListener) {
+        // Enough sockets wait for their request already: the rest wait in the backlog
+        // (their connects are retried) until forget_pending_locked resumes us.
+        epoll_remove(id->sock);
+        return;
+      }
       int fd = accept4(id->sock, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
-      size_t mine = std::count_if(g_svc.pending.begin(), g_svc.pending.end(),
-                                  [id](const Pending& p) { return p.listener == id; });
-      if (mine >= kMaxPendingPerListener) {
-        close(fd);
-        continue;
-      }
-      g_svc.pending.push_back({fd, id});
+      watch_pending_locked(fd, id);
     }
   }
   int sock = id->sock;
@@ -371,18 +442,96 @@ void service_id(Id* id) {
   if (!alive && id->sock == sock) on_peer_gone(id);
 }
 
-void service_pending(size_t index) {
-  Pending p = g_svc.pending[index];
+void service_pending(int fd, Id* listener) {
   bool taken = false;
-  int alive = read_messages(p.fd, [&](const Msg& m) {
-    on_request(p.fd, p.listener, m);
+  int alive = read_messages(fd, [&](const Msg& m) {
+    // Taken off first: on_request hands the fd to a new id (or closes it).
+    forget_pending_locked(fd, listener);
     taken = true;
-    return false;  // the fd now belongs to the new id (or is closed)
+    on_request(fd, listener, m);
+    return false;
   });
-  if (taken || !alive) {
-    g_svc.pending.erase(g_svc.pending.begin() + static_cast<std::ptrdiff_t>(index));
-    if (!taken) close(p.fd);
+  if (taken || alive) return;
+  forget_pending_locked(fd, listener);
+  epoll_remove(fd);
+  close(fd);
+}
+
+// connect(2) to the listener's name, then the REQ. EAGAIN: the listener's backlog is full
+// (nothing happened; try again later). 0: sent, or the id failed and has its event.
+int send_request_locked(Id* id, const Msg& m) {
+  bool ud = id->id.ps == RDMA_PS_UDP;
+  sockaddr_un un;
+  socklen_t un_len = cm_port_name(id->id.ps, port_of(&id->id.route.addr.dst_addr), &un);
+  if (::connect(id->sock, reinterpret_cast<sockaddr*>(&un), un_len) != 0) {
+    int err = errno;
+    if (err == EAGAIN) return EAGAIN;
+    id->state = IdState::Failed;
+    if (err == ECONNREFUSED || err == ENOENT) {
+      // Nobody listens there: the remote CM answers at once.
+      if (ud) queue_event(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(kSidrUnsupported));
+      else queue_event(id, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId, nullptr, QpStep::ToError);
+    } else {
+      queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    }
+    return 0;
   }
+  watch_locked(id);
+  if (!send_msg(id->sock, m)) on_peer_gone(id);
+  return 0;
+}
+
+void queue_connect_locked(Id* id, const Msg& m) {
+  start_service_locked();
+  auto now = std::chrono::steady_clock::now();
+  QueuedConnect q{m, now + kFirstConnectRetry, now + kConnectGiveUp, kFirstConnectRetry};
+  g_svc.queued_next.emplace(q.next, id);
+  g_svc.queued[id] = q;
+  id->connect_queued = true;
+  wake_service();
+}
+
+void unqueue_connect_locked(Id* id) {
+  if (!id->connect_queued) return;
+  id->connect_queued = false;
+  auto it = g_svc.queued.find(id);
+  if (it == g_svc.queued.end()) return;
+  auto [first, last] = g_svc.queued_next.equal_range(it->second.next);
+  for (auto n = first; n != last; ++n) {
+    if (n->second != id) continue;
+    g_svc.queued_next.erase(n);
+    break;
+  }
+  g_svc.queued.erase(it);
+}
+
+// Tries the queued connects that are due; returns the milliseconds to the next, or -1.
+int retry_connects_locked() {
+  auto now = std::chrono::steady_clock::now();
+  auto& next = g_svc.queued_next;
+  while (!next.empty() && next.begin()->first <= now) {
+    Id* id = next.begin()->second;
+    next.erase(next.begin());
+    auto it = g_svc.queued.find(id);
+    if (it == g_svc.queued.end()) continue;
+    QueuedConnect& q = it->second;
+    int err = id->state == IdState::Connecting ? send_request_locked(id, q.req) : 0;
+    if (err == EAGAIN && now < q.give_up) {
+      q.pause = std::min<std::chrono::microseconds>(q.pause * 2, kLongestConnectRetry);
+      q.next = now + q.pause;
+      next.emplace(q.next, id);
+      continue;
+    }
+    if (err == EAGAIN) {  // as the IB CM after its last REQ went unanswered
+      id->state = IdState::Failed;
+      queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    }
+    id->connect_queued = false;
+    g_svc.queued.erase(it);
+  }
+  if (next.empty()) return -1;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next.begin()->first - now);
+  return static_cast<int>(left.count()) + 1;
 }
 
 // The device went away (softverbs inject device-fatal): every id on it hears
@@ -409,56 +558,54 @@ void check_device_locked() {
   }
 }
 
+// The smaller of two poll timeouts in ms (-1: none).
+int sooner(int a, int b) { return a < 0 ? b : (b < 0 || a < b ? a : b); }
+
 void run_service() {
-  std::vector<pollfd> fds;
-  std::vector<Id*> ids;
-  std::vector<int> pend;
+  constexpr int kBatch = 256;
+  epoll_event events[kBatch];
   for (;;) {
     int timeout;
+    int ep;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_svc.owner != getpid()) return;
-      timeout = expire_timewaits_locked();
-      int cm_timeout = remote_timeout_ms_locked();
-      if (cm_timeout >= 0 && (timeout < 0 || cm_timeout < timeout)) timeout = cm_timeout;
-      fds.assign(1, pollfd{g_svc.wake, POLLIN, 0});
-      fds.push_back({g_svc.state, POLLIN, 0});  // -1 (no inotify) is skipped by poll
-      fds.push_back({remote_fd_locked(), POLLIN, 0});  // the QP1 agent's CQ events
-      ids.clear();
-      pend.clear();
-      for (Id* id : g_svc.watched) {
-        fds.push_back({id->sock, POLLIN, 0});
-        ids.push_back(id);
+      timeout = sooner(expire_timewaits_locked(), retry_connects_locked());
+      timeout = sooner(timeout, remote_timeout_ms_locked());
+      // The QP1 agent's CQ events: its fd appears once the agent starts.
+      if (int remote = remote_fd_locked(); remote != g_svc.remote) {
+        epoll_remove(g_svc.remote);
+        g_svc.remote = remote;
+        if (remote >= 0) epoll_add(remote);
       }
-      for (const Pending& p : g_svc.pending) {
-        fds.push_back({p.fd, POLLIN, 0});
-        pend.push_back(p.fd);
-      }
+      ep = g_svc.epoll;
       g_svc.polling.store(true, std::memory_order_release);
     }
-    int ready = poll(fds.data(), fds.size(), timeout);
+    int ready = epoll_wait(ep, events, kBatch, timeout);
     g_svc.polling.store(false, std::memory_order_release);
     if (ready < 0) continue;
     std::lock_guard<std::mutex> lock(g_mu);
-    uint64_t n;
-    if (fds[0].revents) (void)!read(g_svc.wake, &n, sizeof(n));
-    if (fds[1].revents) check_device_locked();
-    remote_service_locked();  // MADs that came, CM timers that are due
-    constexpr size_t kFirst = 3;  // after the eventfd, the inotify fd and the agent's
-    for (size_t i = kFirst; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      if (i - kFirst < ids.size()) {
-        // Still the same id with the same socket? It may have gone meanwhile.
-        Id* id = ids[i - kFirst];
-        auto& w = g_svc.watched;
-        if (std::find(w.begin(), w.end(), id) != w.end() && id->sock == fds[i].fd) service_id(id);
-      } else {
-        int fd = pend[i - kFirst - ids.size()];
-        auto& pv = g_svc.pending;
-        auto it = std::find_if(pv.begin(), pv.end(), [fd](const Pending& p) { return p.fd == fd; });
-        if (it != pv.end()) service_pending(static_cast<size_t>(it - pv.begin()));
+    if (g_svc.owner != getpid()) return;
+    for (int i = 0; i < ready; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == g_svc.wake) {
+        uint64_t n;
+        (void)!read(g_svc.wake, &n, sizeof(n));
+        continue;
       }
+      if (fd == g_svc.state) {
+        check_device_locked();
+        continue;
+      }
+      // Looked up now: an earlier event of this batch may have closed it (or a new socket
+      // got its number; reading that one finds nothing or its own messages).
+      auto it = g_svc.watched.find(fd);
+      if (it == g_svc.watched.end()) continue;
+      Watch w = it->second;
+      if (w.id) service_id(w.id);
+      else service_pending(fd, w.listener);
     }
+    remote_service_locked();  // MADs that came, CM timers that are due
   }
 }
 
@@ -600,8 +747,11 @@ int listen_locked(Id* id, int backlog) {
     if (int err = bind_locked(id, reinterpret_cast<sockaddr*>(&any))) return err;
   }
   if (id->state != IdState::Bound) return EINVAL;
-  if (::listen(id->sock, std::max(backlog, 128)) != 0) return errno;
+  // Connects beyond the backlog wait and try again (queue_connect_locked), as the IB CM
+  // resends a REQ: a small backlog costs time, never a connection.
+  if (::listen(id->sock, std::max(backlog, SOMAXCONN)) != 0) return errno;
   id->state = IdState::Listening;
+  id->listened = true;
   watch_locked(id);
   // Reachable from other hosts unless bound to loopback: the QP1 agent takes their REQs.
   // Without it (no RoCE port, say), peers on this host still connect.
@@ -628,26 +778,11 @@ int connect_locked(Id* id, const rdma_conn_param* param) {
     if (int err = remote_connect_locked(id, param)) return err;
     return 0;
   }
-  sockaddr_un un;
-  socklen_t un_len = cm_port_name(id->id.ps, port_of(&id->id.route.addr.dst_addr), &un);
-  if (::connect(id->sock, reinterpret_cast<sockaddr*>(&un), un_len) != 0) {
-    int err = errno;
-    id->state = IdState::Failed;
-    if (err == ECONNREFUSED || err == ENOENT) {
-      // Nobody listens there: the remote CM answers at once.
-      if (ud) queue_event(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(kSidrUnsupported));
-      else queue_event(id, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId, nullptr, QpStep::ToError);
-    } else {
-      queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);  // its backlog is full
-    }
-    return 0;
-  }
   Msg m = msg_from(id, ud ? MsgType::SidrReq : MsgType::Req, param ? param->private_data : nullptr, len);
   if (param) m.flow_control = param->flow_control, m.srq = param->srq;
   if (id->id.srq) m.srq = 1;
   id->state = IdState::Connecting;
-  watch_locked(id);
-  if (!send_msg(id->sock, m)) on_peer_gone(id);
+  if (send_request_locked(id, m) == EAGAIN) queue_connect_locked(id, m);
   return 0;
 }
 
@@ -872,21 +1007,26 @@ void queue_event(Id* id, rdma_cm_event_type type, int status, const Msg* m, QpSt
 void detach_locked(Id* id) {
   close_sock_locked(id);
   remote_destroy_locked(id);
-  auto& tw = g_svc.timewait;
-  tw.erase(std::remove_if(tw.begin(), tw.end(), [id](const auto& t) { return t.second == id; }),
-           tw.end());
-  auto& pv = g_svc.pending;
-  for (auto it = pv.begin(); it != pv.end();) {
-    if (it->listener != id) {
-      ++it;
-      continue;
-    }
-    close(it->fd);
-    it = pv.erase(it);
-  }
+  leave_timewait_locked(id);
+  unqueue_connect_locked(id);
   g_svc.ids.erase(id);
-  for (Id* other : g_svc.ids)  // ids it made outlive it, without it
-    if (other->listener == id) other->listener = nullptr;
+  if (id->listened) {
+    // Its accepted sockets whose request has not come close: the requesters hear that.
+    if (id->pending_requests > 0) {
+      for (auto it = g_svc.watched.begin(); it != g_svc.watched.end();) {
+        if (it->second.id || it->second.listener != id) {
+          ++it;
+          continue;
+        }
+        epoll_remove(it->first);
+        close(it->first);
+        it = g_svc.watched.erase(it);
+      }
+      id->pending_requests = 0;
+    }
+    for (Id* other : g_svc.ids)  // ids it made outlive it, without it
+      if (other->listener == id) other->listener = nullptr;
+  }
   // Requests this listener never handed out die with it; the requesters hear the socket close.
   std::vector<Id*> orphans;
   id->channel->events.remove_if([&](Event* e) {
@@ -899,6 +1039,8 @@ void detach_locked(Id* id) {
   for (Id* o : orphans) {
     close_sock_locked(o);
     remote_destroy_locked(o);
+    leave_timewait_locked(o);
+    unqueue_connect_locked(o);
     release_channel_locked(o);
     g_svc.ids.erase(o);
     o->magic = kDeadMagic;

@@ -115,6 +115,7 @@ class MrTable {
   mutable ReadMostlyLock mu_;
   std::vector<Mr*> slots_{nullptr};
   std::vector<Mw*> windows_{nullptr};  // the same slots, for memory windows
+  std::vector<Mw*> type2_windows_;     // the type 2 ones among them (under mu_)
   std::vector<uint8_t> generation_{0};
   std::vector<uint32_t> free_;
   uint64_t changes_ = 0;

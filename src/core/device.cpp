@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -62,6 +63,66 @@ Device::Device() {
   comp_vectors_ = cpus > 0 ? static_cast<int>(cpus) : 1;
 }
 
+namespace {
+
+// SOFTVERBS_LIMIT_<NAME> if set, else `value` / SOFTVERBS_LIMIT_SCALE; never above `value`
+// (the largest that holds) nor below 1.
+int lowered(const char* name, int value, long scale) {
+  long v = value / scale;
+  std::string var = std::string("SOFTVERBS_LIMIT_") + name;
+  if (const char* set = std::getenv(var.c_str()); set && *set) v = std::strtol(set, nullptr, 0);
+  return static_cast<int>(std::clamp<long>(v, 1, value));
+}
+
+std::atomic<int> g_counts[7];
+
+int limit_of(Counted kind) {
+  const DeviceLimits& l = device_limits();
+  switch (kind) {
+    case Counted::Qp: return l.max_qp;
+    case Counted::Cq: return l.max_cq;
+    case Counted::Mr: return l.max_mr;
+    case Counted::Mw: return l.max_mw;
+    case Counted::Pd: return l.max_pd;
+    case Counted::Srq: return l.max_srq;
+    case Counted::Ah: return l.max_ah;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const DeviceLimits& device_limits() {
+  static const DeviceLimits limits = [] {
+    long scale = 1;
+    if (const char* s = std::getenv("SOFTVERBS_LIMIT_SCALE"); s && *s)
+      scale = std::max(1L, std::strtol(s, nullptr, 0));
+    DeviceLimits l;
+    l.max_qp = lowered("MAX_QP", l.max_qp, scale);
+    l.max_qp_wr = lowered("MAX_QP_WR", l.max_qp_wr, scale);
+    l.max_cq = lowered("MAX_CQ", l.max_cq, scale);
+    l.max_cqe = lowered("MAX_CQE", l.max_cqe, scale);
+    l.max_mr = lowered("MAX_MR", l.max_mr, scale);
+    l.max_mw = lowered("MAX_MW", l.max_mw, scale);
+    l.max_pd = lowered("MAX_PD", l.max_pd, scale);
+    l.max_srq = lowered("MAX_SRQ", l.max_srq, scale);
+    l.max_srq_wr = lowered("MAX_SRQ_WR", l.max_srq_wr, scale);
+    l.max_ah = lowered("MAX_AH", l.max_ah, scale);
+    return l;
+  }();
+  return limits;
+}
+
+bool count_object(Counted kind) {
+  std::atomic<int>& n = g_counts[static_cast<int>(kind)];
+  const int limit = limit_of(kind);
+  for (int cur = n.load(std::memory_order_relaxed); cur < limit;)
+    if (n.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed)) return true;
+  return false;
+}
+
+void uncount_object(Counted kind) { g_counts[static_cast<int>(kind)].fetch_sub(1, std::memory_order_relaxed); }
+
 bool Device::is_local_gid(const ibv_gid& gid) const {
   for (const auto& e : gids())
     if (std::memcmp(e.gid.raw, gid.raw, 16) == 0) return true;
@@ -78,8 +139,9 @@ void Device::fill_device_attr(ibv_device_attr* a) const {
   a->vendor_id = kVendorId;
   a->vendor_part_id = 0;
   a->hw_ver = 1;
-  a->max_qp = Limits::max_qp;
-  a->max_qp_wr = Limits::max_qp_wr;
+  const DeviceLimits& l = device_limits();
+  a->max_qp = l.max_qp;
+  a->max_qp_wr = l.max_qp_wr;
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SHUTDOWN_PORT |
                         IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
                         IBV_DEVICE_SRQ_RESIZE |
@@ -91,18 +153,18 @@ void Device::fill_device_attr(ibv_device_attr* a) const {
                         IBV_DEVICE_MEM_MGT_EXTENSIONS;
   a->max_sge = Limits::max_sge;
   a->max_sge_rd = Limits::max_sge;
-  a->max_cq = Limits::max_cq;
-  a->max_cqe = Limits::max_cqe;
-  a->max_mr = Limits::max_mr;
-  a->max_mw = Limits::max_mw;
-  a->max_pd = Limits::max_pd;
+  a->max_cq = l.max_cq;
+  a->max_cqe = l.max_cqe;
+  a->max_mr = l.max_mr;
+  a->max_mw = l.max_mw;
+  a->max_pd = l.max_pd;
   a->max_qp_rd_atom = Limits::max_qp_rd_atom;
-  a->max_res_rd_atom = Limits::max_qp_rd_atom * Limits::max_qp;
+  a->max_res_rd_atom = Limits::max_qp_rd_atom * l.max_qp;
   a->max_qp_init_rd_atom = Limits::max_qp_rd_atom;
   a->atomic_cap = IBV_ATOMIC_HCA;
-  a->max_ah = Limits::max_ah;
-  a->max_srq = Limits::max_srq;
-  a->max_srq_wr = Limits::max_srq_wr;
+  a->max_ah = l.max_ah;
+  a->max_srq = l.max_srq;
+  a->max_srq_wr = l.max_srq_wr;
   a->max_srq_sge = Limits::max_sge;
   a->max_mcast_grp = Limits::max_mcast_grp;
   a->max_mcast_qp_attach = Limits::max_mcast_qp_attach;

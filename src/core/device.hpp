@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "wire/host.hpp"
+#include "wire/registry.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs {
@@ -21,9 +22,11 @@ inline constexpr uint32_t kVendorId = 0x5356;  // 'SV': not Mellanox (0x02c9) or
 inline constexpr uint32_t kMaxMsgSize = wire::kMaxMsgSize;
 inline constexpr uint16_t kDefaultPkey = 0xffff;
 
-// Limits reported by ibv_query_device and enforced on create/post.
+// The largest limits ibv_query_device may report (sizes of arrays depend on some); what it
+// reports and what creating an object checks are DeviceLimits (below), at most these.
 struct Limits {
-  static constexpr int max_qp = 1 << 16;
+  // A QPN's low bits number the QPs of one process (wire/registry.hpp): no more than that.
+  static constexpr int max_qp = 1 << wire::kQpnSlotShift;
   static constexpr int max_qp_wr = 1 << 14;
   static constexpr int max_sge = wire::kMaxSge;
   static constexpr int max_inline = 1024;
@@ -41,6 +44,32 @@ struct Limits {
   static constexpr int max_srq_wr = 1 << 14;
   static constexpr int max_ah = 1 << 16;
 };
+
+// The limits that hold in this process (the soft device is the process): the counts of
+// objects and the sizes of queues that ibv_query_device reports and that creating an object
+// checks. One more object than its count fails with ENOMEM, a queue larger than its size
+// with EINVAL. The environment may lower them, so that tests reach them quickly:
+// SOFTVERBS_LIMIT_SCALE=N divides each by N (at least 1 remains), and
+// SOFTVERBS_LIMIT_<NAME>=V (SOFTVERBS_LIMIT_MAX_QP, ..._MAX_CQE, ...) sets one to V.
+struct DeviceLimits {
+  int max_qp = Limits::max_qp;
+  int max_qp_wr = Limits::max_qp_wr;
+  int max_cq = Limits::max_cq;
+  int max_cqe = Limits::max_cqe;
+  int max_mr = Limits::max_mr;
+  int max_mw = Limits::max_mw;
+  int max_pd = Limits::max_pd;
+  int max_srq = Limits::max_srq;
+  int max_srq_wr = Limits::max_srq_wr;
+  int max_ah = Limits::max_ah;
+};
+const DeviceLimits& device_limits();
+
+// The objects counted against DeviceLimits.
+enum class Counted { Qp, Cq, Mr, Mw, Pd, Srq, Ah };
+// Counts one more object of `kind`; false (nothing counted) when its limit is reached.
+bool count_object(Counted kind);
+void uncount_object(Counted kind);
 
 using GidEntry = wire::HostAddress;  // {gid, ifindex}
 

@@ -3,6 +3,7 @@
 // as an MR is. The rules are IBA 10.6.7's, with the requirement numbers rxe quotes
 // (drivers/infiniband/sw/rxe/rxe_mw.c); where rxe is looser (it checks an access against
 // the MR's range only) the window's own range is checked, as IBA requires.
+#include <algorithm>
 #include <mutex>
 
 #include "core/core.hpp"
@@ -36,6 +37,7 @@ uint32_t MrTable::insert_window(Mw* mw) {
   std::unique_lock lock(mu_);
   uint32_t index = take_slot();
   windows_[index] = mw;
+  if (mw->ibv.type == IBV_MW_TYPE_2) type2_windows_.push_back(mw);
   mw->index = index;
   uint8_t gen = ++generation_[index];
   return (index << 8) | gen;
@@ -50,6 +52,8 @@ void MrTable::erase_window(Mw* mw) {
     generation_[mw->index] = static_cast<uint8_t>(mw->rkey);
   }
   windows_[mw->index] = nullptr;
+  if (mw->ibv.type == IBV_MW_TYPE_2)
+    type2_windows_.erase(std::find(type2_windows_.begin(), type2_windows_.end(), mw));
   free_.push_back(mw->index);
   note_change();
 }
@@ -160,10 +164,11 @@ bool MrTable::resolve_window(Pd* pd, uint32_t qpn, uint32_t key, uint64_t addr,
 
 void MrTable::invalidate_windows_of(uint32_t qpn) {
   std::shared_lock lock(mu_);
-  for (Mw* mw : windows_) {
-    if (!mw) continue;
+  // Only type 2 windows are bound to a QP: not a walk over every key (a million MRs made
+  // each QP's destroy take milliseconds).
+  for (Mw* mw : type2_windows_) {
     std::lock_guard<SpinLock> g(mw->mu);
-    if (mw->ibv.type == IBV_MW_TYPE_2 && mw->mr && mw->qpn == qpn) release_binding(mw);
+    if (mw->mr && mw->qpn == qpn) release_binding(mw);
   }
 }
 

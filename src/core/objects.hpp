@@ -187,6 +187,7 @@ struct CompChannel {
   // Its CQs: a peer that woke the channel left messages in their receive windows.
   std::mutex cqs_mu;
   std::vector<Cq*> cqs;
+  std::atomic<int> wire_cqs{0};  // of them fed by QPs on the wire (Cq::roce_fed)
   static CompChannel* from(ibv_comp_channel* c);
 };
 

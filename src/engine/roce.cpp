@@ -691,8 +691,14 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
       link->pq.modify(init, IBV_QP_STATE | IBV_QP_QKEY);
     }
     qp->roce.store(link, std::memory_order_release);
-    qp->send_cq->roce_fed.store(true, std::memory_order_relaxed);
-    qp->recv_cq->roce_fed.store(true, std::memory_order_relaxed);
+    for (Cq* cq : {qp->send_cq, qp->recv_cq}) {
+      if (cq->roce_fed.exchange(true)) continue;
+      // Its channel's waiters receive from the wire (get_cq_event).
+      if (CompChannel* ch = cq->channel) {
+        std::lock_guard<std::mutex> lock(ch->cqs_mu);
+        ch->wire_cqs++;
+      }
+    }
   }
   ibv_qp_attr a = attr;
   {

@@ -59,13 +59,18 @@ int destroy_comp_channel(CompChannel* ch) {
 }
 
 ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int comp_vector) {
-  if (cqe < 1 || cqe > Limits::max_cqe || comp_vector < 0 ||
+  if (cqe < 1 || cqe > device_limits().max_cqe || comp_vector < 0 ||
       comp_vector >= ctx->ibv()->num_comp_vectors || (ch && ch->ctx != ctx)) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!count_object(Counted::Cq)) {  // device_limits().max_cq
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* cq = new (std::nothrow) Cq{};
   if (!cq) {
+    uncount_object(Counted::Cq);
     errno = ENOMEM;
     return nullptr;
   }
@@ -103,7 +108,7 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
 }
 
 int resize_cq(Cq* cq, int cqe) {
-  if (cqe < 1 || cqe > Limits::max_cqe) return EINVAL;
+  if (cqe < 1 || cqe > device_limits().max_cqe) return EINVAL;
   std::lock_guard<SpinLock> p(cq->produce_mu);
   std::lock_guard<SpinLock> c(cq->consume_mu);
   uint64_t head = cq->head.load(), tail = cq->tail.load();
@@ -138,6 +143,7 @@ int destroy_cq(Cq* cq) {
   if (CompChannel* ch = cq->channel) {
     std::lock_guard<std::mutex> lock(ch->cqs_mu);
     ch->cqs.erase(std::remove(ch->cqs.begin(), ch->cqs.end(), cq), ch->cqs.end());
+    if (cq->roce_fed.load()) ch->wire_cqs--;
   }
   // Events not yet handed out vanish; those handed out must be acked first.
   if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
@@ -163,6 +169,7 @@ int destroy_cq(Cq* cq) {
     if (wire::Arena* arena = wire::Arena::self()) arena->release(cq->shared_offset, sizeof(wire::CqShared));
   cq->magic = kDead;
   delete cq;
+  uncount_object(Counted::Cq);
   return 0;
 }
 
@@ -252,16 +259,16 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   };
   // A peer that finds one of our CQs armed after leaving a message in a receive window
   // wakes this channel directly: the messages become completions (and events) here.
-  bool wire = false;  // a CQ of the channel is fed by QPs on the wire
-  {
-    std::lock_guard<std::mutex> lock(ch->cqs_mu);
-    for (Cq* c : ch->cqs) wire = wire || c->roce_fed.load(std::memory_order_relaxed);
-  }
+  // a CQ of the channel is fed by QPs on the wire
+  const bool wire = ch->wire_cqs.load(std::memory_order_relaxed) > 0;
   auto refill = [ch, wire] {
     {
+      // Each CQ's own check first, as ibv_poll_cq makes it (its window's next slot, or its
+      // doorbell): one load for a CQ nothing came for, instead of a drain that looks at
+      // every window feeding it (issue 14: with 1,000 CQs on a channel that was most of
+      // the CPU of an event).
       std::lock_guard<std::mutex> lock(ch->cqs_mu);
-      for (Cq* c : ch->cqs)
-        if (c->has_inbound.load(std::memory_order_relaxed)) engine::drain_inbound(c);
+      for (Cq* c : ch->cqs) take_inbound(c, 0, nullptr);
     }
     // Packets from the wire become completions (and the armed CQs' events) here.
     if (wire) engine::roce_poll();

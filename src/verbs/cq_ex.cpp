@@ -169,7 +169,7 @@ ibv_cq_ex* create_cq_ex(Context* ctx, const ibv_cq_init_attr_ex* attr) {
     }
   }
   CompChannel* ch = attr->channel ? CompChannel::from(attr->channel) : nullptr;
-  if ((attr->channel && !ch) || attr->cqe == 0 || attr->cqe > uint32_t(Limits::max_cqe) ||
+  if ((attr->channel && !ch) || attr->cqe == 0 || attr->cqe > uint32_t(device_limits().max_cqe) ||
       attr->comp_vector > uint32_t(INT32_MAX)) {
     errno = EINVAL;
     return nullptr;

@@ -50,8 +50,13 @@ int check_access(unsigned access) {
 
 
 ibv_pd* alloc_pd(Context* ctx) {
+  if (!count_object(Counted::Pd)) {  // device_limits().max_pd
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* pd = new (std::nothrow) Pd{};
   if (!pd) {
+    uncount_object(Counted::Pd);
     errno = ENOMEM;
     return nullptr;
   }
@@ -83,6 +88,7 @@ int dealloc_pd(Pd* pd) {
   }
   pd->magic = kDead;
   delete pd;
+  uncount_object(Counted::Pd);
   return 0;
 }
 
@@ -91,8 +97,13 @@ int check_mr_access(unsigned access) { return check_access(access); }
 // The registration every kind of MR ends in: `host` is where the byte named by `iova` is in
 // this process, `addr` what the application sees in ibv_mr.addr.
 Mr* make_mr(Pd* pd, char* host, void* addr, size_t length, uint64_t iova, unsigned access) {
+  if (!count_object(Counted::Mr)) {  // device_limits().max_mr
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* mr = new (std::nothrow) Mr{};
   if (!mr) {
+    uncount_object(Counted::Mr);
     errno = ENOMEM;
     return nullptr;
   }
@@ -195,6 +206,7 @@ int dereg_mr(Mr* mr) {
   mr->pd->users--;
   mr->magic = kDead;
   delete mr;
+  uncount_object(Counted::Mr);
   return 0;
 }
 
@@ -205,8 +217,13 @@ ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!count_object(Counted::Ah)) {  // device_limits().max_ah
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* ah = new (std::nothrow) Ah{};
   if (!ah) {
+    uncount_object(Counted::Ah);
     errno = ENOMEM;
     return nullptr;
   }
@@ -222,6 +239,7 @@ int destroy_ah(Ah* ah) {
   ah->pd->users--;
   ah->magic = kDead;
   delete ah;
+  uncount_object(Counted::Ah);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <mutex>
 
+#include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs {
@@ -14,8 +15,13 @@ ibv_mw* alloc_mw(Pd* pd, ibv_mw_type type) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!count_object(Counted::Mw)) {  // device_limits().max_mw
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* mw = new (std::nothrow) Mw{};
   if (!mw) {
+    uncount_object(Counted::Mw);
     errno = ENOMEM;
     return nullptr;
   }
@@ -37,6 +43,7 @@ int dealloc_mw(Mw* mw) {
   mw->pd->users--;
   mw->magic = kDead;
   delete mw;
+  uncount_object(Counted::Mw);
   return 0;
 }
 

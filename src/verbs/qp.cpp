@@ -336,14 +336,22 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   }
   ibv_qp_cap& cap = init->cap;
   if (!scq || !rcq || scq->ctx != ctx || rcq->ctx != ctx || (init->srq && !srq) ||
-      (srq && srq->ctx != ctx) || cap.max_send_wr > Limits::max_qp_wr ||
-      (!srq && cap.max_recv_wr > Limits::max_qp_wr) || cap.max_send_sge > Limits::max_sge ||
+      (srq && srq->ctx != ctx) || cap.max_send_wr > uint32_t(device_limits().max_qp_wr) ||
+      (!srq && cap.max_recv_wr > uint32_t(device_limits().max_qp_wr)) || cap.max_send_sge > Limits::max_sge ||
       (!srq && cap.max_recv_sge > Limits::max_sge) || cap.max_inline_data > Limits::max_inline) {
     errno = EINVAL;
     return nullptr;
   }
+  // Counted (device_limits().max_qp), with a number of this process's (as many).
+  if (!count_object(Counted::Qp)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* qp = new (std::nothrow) Qp{};
-  if (!qp) {
+  uint32_t qpn = qp ? wire::allocate_qpn() : 0;
+  if (!qpn) {
+    delete qp;
+    uncount_object(Counted::Qp);
     errno = ENOMEM;
     return nullptr;
   }
@@ -361,6 +369,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   // On a parent domain with an allocator, the receive ring is the application's memory.
   if (!srq && !queue_memory_for(pd, &qp->rq, kResourceQp, cap.max_recv_wr)) {
     delete qp;
+    uncount_object(Counted::Qp);
     return nullptr;
   }
   qp->ctx = ctx;
@@ -383,7 +392,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   q->events_completed = 0;
   pthread_mutex_init(&q->mutex, nullptr);
   pthread_cond_init(&q->cond, nullptr);
-  q->qp_num = wire::allocate_qpn();
+  q->qp_num = qpn;
   q->handle = q->qp_num;
   pd->users++;
   scq->users++;
@@ -537,6 +546,7 @@ int destroy_qp(Qp* qp) {
   pthread_cond_destroy(&q->cond);
   qp->magic = kDead;
   delete qp;
+  uncount_object(Counted::Qp);
   sweep_unimported_pds();  // an unimported PD it was created on may go now
   return 0;
 }
@@ -674,19 +684,25 @@ Srq* Srq::from(ibv_srq* s) {
 
 ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
   ibv_srq_attr& a = init->attr;
-  if (a.max_wr == 0 || a.max_wr > Limits::max_srq_wr || a.max_sge > Limits::max_sge ||
-      a.srq_limit > a.max_wr) {
+  if (a.max_wr == 0 || a.max_wr > uint32_t(device_limits().max_srq_wr) ||
+      a.max_sge > Limits::max_sge || a.srq_limit > a.max_wr) {
     errno = EINVAL;
+    return nullptr;
+  }
+  if (!count_object(Counted::Srq)) {  // device_limits().max_srq
+    errno = ENOMEM;
     return nullptr;
   }
   auto* srq = new (std::nothrow) Srq{};
   if (!srq) {
+    uncount_object(Counted::Srq);
     errno = ENOMEM;
     return nullptr;
   }
   a.max_sge = std::max<uint32_t>(a.max_sge, 1);
   if (!queue_memory_for(pd, &srq->rq, kResourceSrq, a.max_wr)) {
     delete srq;
+    uncount_object(Counted::Srq);
     return nullptr;
   }
   srq->ctx = pd->ctx;
@@ -746,7 +762,8 @@ int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask) {
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
   std::lock_guard<QueueMutex> lock(srq->mu);
   uint32_t max_wr = (mask & IBV_SRQ_MAX_WR) ? attr->max_wr : srq->max_wr;
-  if (max_wr == 0 || max_wr > Limits::max_srq_wr || max_wr < srq->rq.size()) return EINVAL;
+  if (max_wr == 0 || max_wr > uint32_t(device_limits().max_srq_wr) || max_wr < srq->rq.size())
+    return EINVAL;
   if ((mask & IBV_SRQ_LIMIT) && attr->srq_limit > max_wr) return EINVAL;
   srq->max_wr = max_wr;
   if (mask & IBV_SRQ_LIMIT) srq->limit = attr->srq_limit;
@@ -775,6 +792,7 @@ int destroy_srq(Srq* srq) {
   pthread_cond_destroy(&srq->ibv.cond);
   srq->magic = kDead;
   delete srq;
+  uncount_object(Counted::Srq);
   return 0;
 }
 

@@ -20,7 +20,9 @@ namespace softverbs::wire {
 
 namespace {
 
-constexpr size_t kArenaSize = size_t{256} << 20;  // sparse: only touched pages cost memory
+// Sparse: only touched pages cost memory, and blocks given back are hole-punched. Large
+// enough for a receive window (~133 KiB of address space) on each of max_qp QPs.
+constexpr size_t kArenaSize = size_t{4} << 30;
 constexpr size_t kAlign = 4096;
 constexpr size_t kPublishedSize = size_t{16} << 20;
 // The seals of a memfd whose size never changes; F_SEAL_SEAL keeps the set as it is.
@@ -34,6 +36,11 @@ pid_t g_owner = 0;
 Arena* g_self = nullptr;
 uint64_t g_next = kAlign;  // offset 0 stays unused: it means "none"
 std::multimap<size_t, uint64_t>& g_free = *new std::multimap<size_t, uint64_t>;  // size -> offset
+// Blocks of at most kSmallBlock bytes (a CQ's arm word and doorbell) are cut from pages,
+// kAlign / kSmallBlock to a page: one page each would let 65536 CQs take the whole arena
+// and 256 MiB of shared memory.
+constexpr size_t kSmallBlock = 128;
+std::vector<uint64_t>& g_small_free = *new std::vector<uint64_t>;
 
 struct PeerKey {
   int slot;
@@ -58,11 +65,20 @@ std::vector<Retired>& g_retired = *new std::vector<Retired>;
 // keeps a block out of use longer.
 bool gone(pid_t pid) { return pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH); }
 
+// A block of whole pages goes back to the free list, its pages back to the system: it
+// reads as zeros again (as fresh arena memory does) and costs nothing until touched.
+void give_back_locked(Arena* arena, uint64_t offset, size_t bytes) {
+  if (fallocate(arena->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                static_cast<off_t>(bytes)) != 0)
+    std::memset(arena->base() + offset, 0, bytes);
+  g_free.emplace(bytes, offset);
+}
+
 // Under g_mu: frees the retired blocks whose writer is gone.
-void reclaim_retired_locked() {
+void reclaim_retired_locked(Arena* arena) {
   auto dead = std::partition(g_retired.begin(), g_retired.end(),
                              [](const Retired& r) { return !gone(r.writer); });
-  for (auto it = dead; it != g_retired.end(); ++it) g_free.emplace(it->bytes, it->offset);
+  for (auto it = dead; it != g_retired.end(); ++it) give_back_locked(arena, it->offset, it->bytes);
   g_retired.erase(dead, g_retired.end());
 }
 
@@ -76,6 +92,7 @@ Arena* Arena::self() {
   g_self = nullptr;
   g_next = kAlign;
   g_free.clear();
+  g_small_free.clear();
   g_retired.clear();
   int fd = memfd_create("softverbs-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return nullptr;
@@ -131,15 +148,13 @@ uint64_t Arena::allocate_published(size_t bytes) {
   return off;
 }
 
-uint64_t Arena::allocate(size_t bytes) {
+uint64_t Arena::allocate_locked(size_t bytes) {
   bytes = whole_blocks(bytes);
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_retired.empty()) reclaim_retired_locked();
+  if (!g_retired.empty()) reclaim_retired_locked(this);
   auto it = g_free.find(bytes);
-  if (it != g_free.end()) {
+  if (it != g_free.end()) {  // zeros already (give_back_locked)
     uint64_t off = it->second;
     g_free.erase(it);
-    std::memset(base_ + off, 0, bytes);
     return off;
   }
   if (g_next + bytes > size_) return 0;
@@ -148,19 +163,41 @@ uint64_t Arena::allocate(size_t bytes) {
   return off;
 }
 
+uint64_t Arena::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (bytes > kSmallBlock) return allocate_locked(bytes);
+  if (g_small_free.empty()) {
+    uint64_t page = allocate_locked(kAlign);
+    if (!page) return 0;
+    // Handed out from the page's start, as a page of its own would be.
+    for (size_t at = kAlign; at > 0; at -= kSmallBlock) g_small_free.push_back(page + at - kSmallBlock);
+  }
+  uint64_t off = g_small_free.back();
+  g_small_free.pop_back();
+  std::memset(base_ + off, 0, kSmallBlock);
+  return off;
+}
+
 void Arena::release(uint64_t offset, size_t bytes) {
   if (!offset) return;
-  bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
-  g_free.emplace(bytes, offset);
+  if (bytes <= kSmallBlock) g_small_free.push_back(offset);
+  else give_back_locked(this, offset, whole_blocks(bytes));
 }
 
 void Arena::retire(uint64_t offset, size_t bytes, pid_t writer) {
   if (!offset) return;
   bytes = whole_blocks(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
-  if (gone(writer)) g_free.emplace(bytes, offset);
-  else g_retired.push_back({offset, bytes, writer});
+  if (gone(writer)) {
+    give_back_locked(this, offset, bytes);
+    return;
+  }
+  // Its pages go back now; a late write from the writer only touches a page again, and the
+  // block is punched once more when it is reclaimed.
+  fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+            static_cast<off_t>(bytes));
+  g_retired.push_back({offset, bytes, writer});
 }
 
 

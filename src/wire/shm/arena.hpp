@@ -27,7 +27,9 @@ class Arena {
   }
   char* base() const { return base_; }
   size_t size() const { return size_; }
-  // Fixed-size blocks; offsets are what peers are told. 0 means "no memory".
+  // Fixed-size blocks, zero-filled; offsets are what peers are told. 0 means "no memory".
+  // Blocks of at most 128 bytes share pages (aligned to 128); larger ones are whole pages,
+  // whose memory is given back to the system when they are released.
   uint64_t allocate(size_t bytes);
   void release(uint64_t offset, size_t bytes);
   // Releases a block that process `writer` may still write into (a receive window): only
@@ -40,6 +42,7 @@ class Arena {
   }
 
  private:
+  uint64_t allocate_locked(size_t bytes);  // whole pages, under the arena's lock
   int fd_ = -1;
   char* base_ = nullptr;
   size_t size_ = 0;
