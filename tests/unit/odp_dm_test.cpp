@@ -24,7 +24,9 @@ class OdpDmTest : public ContextTest {
     ASSERT_NE(pd, nullptr);
   }
   void TearDown() override {
-    if (pd) EXPECT_EQ(dealloc_pd(pd), 0);
+    if (pd) {
+      EXPECT_EQ(dealloc_pd(pd), 0);
+    }
     ContextTest::TearDown();
   }
   bool resolve(uint32_t key, uint64_t addr, uint64_t len, unsigned need, iovec* out = nullptr) {

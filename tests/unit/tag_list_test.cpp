@@ -110,7 +110,9 @@ TEST(TmHeader, RejectsWhatIsNoHeader) {
     for (uint32_t n = 0; n <= 32; ++n) {
       b[0] = static_cast<uint8_t>(op);
       auto h = parse_tm_header(b, n);
-      if (h) EXPECT_LE(h->op, kTmhEager);
+      if (h) {
+        EXPECT_LE(h->op, kTmhEager);
+      }
     }
 }
 
