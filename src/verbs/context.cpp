@@ -142,6 +142,7 @@ ibv_context* open_context(ibv_device* dev) {
 }
 
 int close_context(Context* ctx) {
+  free_tgt_resources(ctx);  // XRC TGT QPs' hidden PD and CQ (verbs/xrc.cpp)
   unregister_context(ctx);
   ::close(ctx->cmd_fd);
   pthread_mutex_destroy(&ctx->ibv()->mutex);

@@ -61,6 +61,8 @@ struct WireRequest {
   uint32_t qkey;
   uint32_t niov;
   uint32_t copy_mode;
+  uint32_t xrc_srqn;  // XRC: the XRC SRQ named (24 bits)
+  uint32_t reserved;
   uint64_t remote_addr;
   uint64_t compare_add;
   uint64_t swap;
@@ -80,7 +82,9 @@ struct WireReply {
   uint64_t value;  // kOpenWindow: the window's offset in the arena sent along (SCM_RIGHTS)
 };
 
-bool valid_type(uint32_t t) { return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD; }
+bool valid_type(uint32_t t) {
+  return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD || t == IBV_QPT_XRC_SEND;
+}
 
 bool valid_opcode(uint32_t op) {
   switch (op) {
@@ -386,6 +390,7 @@ bool serve_one(const Server& srv, int fd) {
     req.remote_addr = m.remote_addr;
     req.rkey = m.rkey;
     req.qkey = m.qkey;
+    req.xrc_srqn = m.xrc_srqn & 0xffffff;
     req.compare_add = m.compare_add;
     req.swap = m.swap;
     req.length = m.length;
@@ -556,6 +561,7 @@ WireRequest encode(const Request& req, uint32_t kind) {
   m.imm = req.imm;
   m.rkey = req.rkey;
   m.qkey = req.qkey;
+  m.xrc_srqn = req.xrc_srqn;
   m.remote_addr = req.remote_addr;
   m.compare_add = req.compare_add;
   m.swap = req.swap;
