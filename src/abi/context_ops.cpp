@@ -95,6 +95,10 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   // Extended CQs: completion timestamps and their clock, no CQ moderation (ex-cq).
   fill_cq_ex_attr(&full);
   fill_odp_dm_attr(&full);  // odp-dm
+  // XRC (xrc): ODP on XRC as on RC (the same responder and requester); receives land in
+  // XRC SRQs only (no RECV bit: an XRC TGT QP has no receive queue).
+  full.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                      IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
