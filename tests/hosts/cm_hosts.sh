@@ -224,6 +224,23 @@ case $case_name in
     check "client exited 0" '((cli_rc == 0))'
     check "server ended with 0" "side_has srv ': end 0\$'"
     check "client ended with 0" "side_has cli ': end 0\$'"
+    if [[ $case_name == rdma_xserver-xrc ]] && command -v tshark >/dev/null; then
+      # The wire (IBA 9.x, rxe_hdr.h): the client's message is an XRC SEND ONLY (0xA4) whose
+      # first 4 bytes after the BTH are the XRCETH: 8 reserved zero bits and the server's
+      # XRC SRQ number; the server answers with an XRC ACKNOWLEDGE (0xB1). Wireshark 4.0
+      # names the XRC opcodes but shows the XRCETH as the start of "unknown" data.
+      run tshark --disable-protocol rpcordma -r "$pcap" -Y 'infiniband.bth.opcode == 164' \
+        -T fields -e infiniband.vendor
+      check "A sent an XRC SEND ONLY whose XRCETH names an SRQ (00 + 24 bits, not 0)" \
+        '[[ $out =~ ^00([0-9a-f]{6}) && ${BASH_REMATCH[1]} != 000000 ]]'
+      run tshark --disable-protocol rpcordma -r "$pcap" -Y 'infiniband.bth.opcode == 177' -T fields -e frame.number
+      check "B answered with an XRC ACKNOWLEDGE" '[[ -n $out ]]'
+      run tshark --disable-protocol rpcordma -r "$pcap" -Y 'infiniband.bth.opcode == 164' -V
+      check "tshark names it: Extended Reliable Connection (XRC) - SEND Only" \
+        "[[ \$out == *'Extended Reliable Connection (XRC) - SEND Only'* ]]"
+      run python3 "$(dirname "$0")/garbage.py" --self-test "$pcap"
+      check "every captured ICRC is right (garbage.py --self-test)" '((rc == 0))'
+    fi
     ;;
   cmtime)
     check "client exited 0" '((cli_rc == 0))'
