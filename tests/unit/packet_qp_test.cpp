@@ -2,10 +2,11 @@
 // Every operation at the sizes around the MTU, PSN wrap, SE/IMM, RNR, retry exhaustion,
 // remote errors, the responder's PSN rules driven packet by packet, UC and UD, and a
 // randomized run over a lossy, reordering, duplicating link.
-#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+
+#include <algorithm>
 
 #include "packet_link.hpp"
 #include "wire/roce/grh.hpp"
