@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MR_LEN 65536
@@ -351,7 +352,35 @@ int main(void)
 		CHECK_EQ(errno, EAGAIN);
 		x = open_xrcd(d.ctx, fd, O_CREAT | O_EXCL);
 		CHECK(x != NULL);
+
+		sv_step("garbage in the domain's state file");
+		/* Who holds the domain is the file xrcd-<dev>-<ino> in the state directory
+		 * (docs/xrc.md); any process of the user can write anything there. */
+		struct stat st;
+		CHECK_OK(fstat(fd, &st));
+		const char *dir = getenv("SOFTVERBS_STATE_DIR");
+		char state[512], fallback[64];
+		if (!dir || !*dir) {
+			snprintf(fallback, sizeof(fallback), "/dev/shm/softverbs-%u", (unsigned)getuid());
+			dir = fallback;
+		}
+		snprintf(state, sizeof(state), "%s/xrcd-%llu-%llu", dir,
+			 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+		int sf = open(state, O_WRONLY);
+		CHECKF(sf >= 0, "no state file %s", state);
+		uint32_t junk[1100];
+		for (unsigned i = 0; i < 1100; i++)
+			junk[i] = 0x9e3779b9u * (i + 1);
+		junk[0] = 0x58524344; /* our magic, then a huge count and random holders */
+		junk[1] = 0xffffffffu;
+		CHECK(write(sf, junk, sizeof(junk)) == (ssize_t)sizeof(junk));
+		close(sf);
+		struct ibv_xrcd *again = open_xrcd(d.ctx, fd, 0);
+		CHECKF(again != NULL, "this process holds the domain whatever the file says");
+		CHECK_OK(ibv_close_xrcd(again));
 		CHECK_OK(ibv_close_xrcd(x));
+		CHECK(open_xrcd(d.ctx, fd, 0) == NULL); /* the garbage holders are not alive */
+		CHECK_EQ(errno, EAGAIN);
 	}
 	close(fd);
 	unlink(path);
