@@ -2,6 +2,7 @@
 #include <mutex>
 #include <set>
 
+#include "wire/shm/agent.hpp"
 #include "core/core.hpp"
 
 namespace softverbs {
@@ -45,6 +46,10 @@ void raise_qp_event(Qp* qp, ibv_event_type type) {
       ev.element.qp = h->qp();
       h->ctx->post_async(ev);
     }
+    // One message per opening process: its agent gives the event to each of its handles.
+    std::set<int> told;
+    for (const auto& [pid, slot] : qp->xrc_remote_openers)
+      if (told.insert(slot).second) wire::agent_xrc_event(slot, qp->qpn(), type);
   }
 }
 

@@ -417,6 +417,12 @@ struct Qp {
   std::vector<Qp*> xrc_openers;
   int xrc_handles = 1;  // the creator's handle plus the opened ones
   bool xrc_creator_gone = false;  // the creator destroyed its handle
+  // Other processes' handles on this TGT QP (ibv_open_qp through our agent): their pid and
+  // registry slot, one entry per handle; they hear its events through their agents.
+  std::vector<std::pair<pid_t, int>> xrc_remote_openers;
+  // This handle names a TGT QP of the process in this registry slot (0: not such a handle);
+  // modify, query and destroy ask that process's agent.
+  int xrc_remote_slot = 0;
   std::atomic<int> state{IBV_QPS_RESET};
   // The connection to a peer process (under attr_mu): a number unique in this process, given
   // when the QP enters RTR, and the peer's pid then; RESET clears both. A dead peer's timer

@@ -407,6 +407,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
 }
 
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
+  if (qp->xrc_remote_slot) return modify_remote_tgt(qp, attr, mask);
   if (Qp* tgt = qp->xrc_opened_from) {  // an opened TGT QP handle: the QP itself
     int err = modify_qp(tgt, attr, mask);
     qp->qp()->state = static_cast<ibv_qp_state>(tgt->state.load());
@@ -456,6 +457,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
 }
 
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
+  if (qp->xrc_remote_slot) return query_remote_tgt(qp, attr, init);
   if (Qp* tgt = qp->xrc_opened_from) {
     int err = query_qp(tgt, attr, mask, init);
     if (init) init->qp_context = qp->qp()->qp_context;
@@ -526,6 +528,10 @@ int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
 bool claim_gsi(Qp* qp) { return engine::roce_claim_gsi(qp); }
 
 int destroy_qp(Qp* qp) {
+  if (qp->xrc_remote_slot) {
+    destroy_remote_tgt(qp);
+    return 0;
+  }
   if (qp->type == IBV_QPT_XRC_RECV) {
     // A TGT QP lives until its last handle goes (ibv_open_qp(3)).
     Qp* tgt = qp->xrc_opened_from ? qp->xrc_opened_from : qp;

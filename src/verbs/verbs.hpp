@@ -139,6 +139,10 @@ ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr);
 bool release_tgt_handle(Qp* handle);
 void free_opened_handle(Qp* handle);
 void free_tgt_resources(Context* ctx);  // close_context
+// A handle on a TGT QP of another process (Qp::xrc_remote_slot): through its agent.
+int modify_remote_tgt(Qp* handle, ibv_qp_attr* attr, int mask);
+int query_remote_tgt(Qp* handle, ibv_qp_attr* attr, ibv_qp_init_attr* init);
+void destroy_remote_tgt(Qp* handle);
 
 // QP
 ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);

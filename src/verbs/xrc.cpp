@@ -26,6 +26,7 @@
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/registry.hpp"
+#include "wire/shm/agent.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs {
@@ -182,6 +183,8 @@ bool ensure_tgt_resources(Context* ctx) {
 
 }  // namespace
 
+void install_xrc_hooks();  // below: our agent's side of ibv_open_qp across processes
+
 Xrcd* Xrcd::from(ibv_xrcd* x) {
   auto* xrcd = reinterpret_cast<Xrcd*>(x);
   return x && xrcd->magic == kXrcdMagic ? xrcd : nullptr;
@@ -198,6 +201,8 @@ ibv_xrcd* open_xrcd(Context* ctx, const ibv_xrcd_init_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  static std::once_flag hooks;
+  std::call_once(hooks, install_xrc_hooks);  // our TGT QPs can be opened by other processes
   std::shared_ptr<XrcDomain> domain;
   if (attr->fd == -1) {
     domain = std::make_shared<XrcDomain>();  // a domain of its own
@@ -331,6 +336,187 @@ ibv_qp* create_xrc_tgt_qp(Context* ctx, ibv_qp_init_attr_ex* ex) {
   return q;
 }
 
+namespace {
+
+// This process's handles on TGT QPs of other processes, by QP number (events find them).
+std::mutex g_remote_mu;
+std::multimap<uint32_t, Qp*> g_remote_handles;
+
+// ---- the agent's side: other processes' handles on our TGT QPs -------------------------
+
+// Our TGT QP `qpn`, if process `pid` holds a handle on it (or, `opening`, may take one).
+wire::QpRef tgt_for(uint32_t qpn, pid_t pid, bool opening) {
+  wire::QpRef ref = wire::find_local(qpn);
+  Qp* t = ref.get();
+  if (!t || t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from) return {};
+  if (opening) return ref;
+  std::lock_guard<std::mutex> lock(t->xrc_mu);
+  for (const auto& o : t->xrc_remote_openers)
+    if (o.first == pid) return ref;
+  return {};
+}
+
+int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
+  wire::QpRef ref = tgt_for(qpn, pid, true);
+  Qp* t = ref.get();
+  if (!t) return ENOENT;
+  const XrcDomain* d = t->xrc_domain.get();
+  // Only a domain shared through a file: (dev, ino) names it on this host.
+  if (!d->shared || d->dev != static_cast<dev_t>(dev) || d->ino != static_cast<ino_t>(ino)) return EINVAL;
+  std::lock_guard<std::mutex> lock(t->xrc_mu);
+  if (t->xrc_handles <= 0) return ENOENT;  // going away
+  t->xrc_remote_openers.push_back({pid, slot});
+  ++t->xrc_handles;
+  return 0;
+}
+
+int remote_modify(uint32_t qpn, ibv_qp_attr* attr, int mask, pid_t pid) {
+  wire::QpRef ref = tgt_for(qpn, pid, false);
+  return ref ? modify_qp(ref.get(), attr, mask) : ENOENT;
+}
+
+int remote_query(uint32_t qpn, ibv_qp_attr* attr, pid_t pid) {
+  wire::QpRef ref = tgt_for(qpn, pid, false);
+  return ref ? query_qp(ref.get(), attr, 0, nullptr) : ENOENT;
+}
+
+int remote_close(uint32_t qpn, pid_t pid) {
+  wire::QpRef ref = tgt_for(qpn, pid, false);
+  Qp* t = ref.get();
+  if (!t) return ENOENT;
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    auto& v = t->xrc_remote_openers;
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (it->first == pid) {
+        v.erase(it);
+        break;
+      }
+    last = --t->xrc_handles == 0;
+  }
+  ref.reset();  // destroy_qp waits for every pinned reference
+  if (last) {
+    // The creator's handle went before: the QP goes with its last handle.
+    Qp* q = t;
+    {
+      std::lock_guard<std::mutex> lock(q->xrc_mu);
+      q->xrc_handles = 1;  // the destroy below releases this one
+    }
+    destroy_qp(q);
+  }
+  return 0;
+}
+
+// At an opener: an event of a TGT QP in `slot`'s process, for each of our handles on it.
+void remote_event(uint32_t qpn, int type, int slot) {
+  std::lock_guard<std::mutex> lock(g_remote_mu);
+  auto [from, to] = g_remote_handles.equal_range(qpn);
+  for (auto it = from; it != to; ++it) {
+    Qp* h = it->second;
+    if (h->xrc_remote_slot != slot) continue;
+    ibv_async_event ev{};
+    ev.element.qp = h->qp();
+    ev.event_type = static_cast<ibv_event_type>(type);
+    h->ctx->post_async(ev);
+  }
+}
+
+// A TGT QP handle of this process, not yet counted anywhere.
+Qp* new_tgt_handle(Context* ctx, Xrcd* xrcd, const ibv_qp_open_attr* attr) {
+  auto* h = new (std::nothrow) Qp{};
+  if (!h) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  h->ctx = ctx;
+  h->type = IBV_QPT_XRC_RECV;
+  h->xrcd = xrcd;
+  h->xrc_domain = xrcd->domain;
+  ibv_qp* q = h->qp();
+  q->context = ctx->ibv();
+  q->qp_context = attr->qp_context;
+  q->qp_type = IBV_QPT_XRC_RECV;
+  q->qp_num = attr->qp_num & 0xffffff;
+  q->handle = q->qp_num;
+  pthread_mutex_init(&q->mutex, nullptr);
+  pthread_cond_init(&q->cond, nullptr);
+  xrcd->users++;
+  return h;
+}
+
+}  // namespace
+
+void install_xrc_hooks() {
+  wire::XrcHooks h;
+  h.open = &remote_open;
+  h.modify = &remote_modify;
+  h.query = &remote_query;
+  h.close = &remote_close;
+  h.event = &remote_event;
+  wire::set_xrc_hooks(h);
+}
+
+// ibv_open_qp of a TGT QP another process of the domain created: its agent counts our
+// handle, and modify, query, destroy and events go through it.
+ibv_qp* open_remote_tgt(Context* ctx, Xrcd* xrcd, ibv_qp_open_attr* attr) {
+  const uint32_t qpn = attr->qp_num & 0xffffff;
+  const int slot = wire::slot_of_qpn(qpn);
+  const XrcDomain* d = xrcd->domain.get();
+  if (!d->shared || slot <= 0 || wire::slot_owner(slot) <= 0) {
+    errno = d->shared ? ENOENT : EINVAL;
+    return nullptr;
+  }
+  if (int err = wire::agent_xrc(slot, wire::XrcOp::Open, qpn, d->dev, d->ino, nullptr, 0)) {
+    errno = err == ENXIO ? ENOENT : err;
+    return nullptr;
+  }
+  Qp* h = new_tgt_handle(ctx, xrcd, attr);
+  if (!h) {
+    wire::agent_xrc(slot, wire::XrcOp::Close, qpn, 0, 0, nullptr, 0);
+    return nullptr;
+  }
+  h->xrc_remote_slot = slot;
+  ibv_qp_attr a{};
+  if (wire::agent_xrc(slot, wire::XrcOp::Query, qpn, 0, 0, &a, 0) == 0) h->qp()->state = a.qp_state;
+  std::lock_guard<std::mutex> lock(g_remote_mu);
+  g_remote_handles.insert({qpn, h});
+  return h->qp();
+}
+
+int modify_remote_tgt(Qp* h, ibv_qp_attr* attr, int mask) {
+  int err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Modify, h->qpn(), 0, 0, attr, mask);
+  if (!err && (mask & IBV_QP_STATE)) h->qp()->state = attr->qp_state;
+  return err;
+}
+
+int query_remote_tgt(Qp* h, ibv_qp_attr* attr, ibv_qp_init_attr* init) {
+  int err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Query, h->qpn(), 0, 0, attr, 0);
+  if (err) return err;
+  h->qp()->state = attr->qp_state;
+  if (init) {
+    std::memset(init, 0, sizeof(*init));
+    init->qp_context = h->qp()->qp_context;
+    init->qp_type = IBV_QPT_XRC_RECV;
+  }
+  return 0;
+}
+
+void destroy_remote_tgt(Qp* h) {
+  {
+    std::lock_guard<std::mutex> lock(g_remote_mu);
+    auto [from, to] = g_remote_handles.equal_range(h->qpn());
+    for (auto it = from; it != to; ++it)
+      if (it->second == h) {
+        g_remote_handles.erase(it);
+        break;
+      }
+  }
+  // The TGT QP's process may be gone: then there is nothing left to release.
+  wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Close, h->qpn(), 0, 0, nullptr, 0);
+  free_opened_handle(h);
+}
+
 ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr) {
   constexpr uint32_t kNeed = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
   if (!attr || (attr->comp_mask & kNeed) != kNeed ||
@@ -343,50 +529,45 @@ ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  if (wire::slot_of_qpn(attr->qp_num & 0xffffff) != wire::my_slot())
+    return open_remote_tgt(ctx, xrcd, attr);
   wire::QpRef ref = wire::find_local(attr->qp_num & 0xffffff);
   Qp* tgt = ref.get();
-  // Only a TGT QP of this domain (created here: a TGT QP of another process of the
-  // domain cannot be opened, docs/xrc.md).
+  // Only a TGT QP of this domain.
   if (!tgt || tgt->type != IBV_QPT_XRC_RECV || tgt->xrc_opened_from ||
       tgt->xrc_domain != xrcd->domain) {
     errno = tgt && tgt->type == IBV_QPT_XRC_RECV ? EINVAL : ENOENT;
     return nullptr;
   }
-  auto* h = new (std::nothrow) Qp{};
-  if (!h) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  h->ctx = ctx;
+  Qp* h = new_tgt_handle(ctx, xrcd, attr);
+  if (!h) return nullptr;
   h->pd = tgt->pd;
   h->send_cq = tgt->send_cq;
   h->recv_cq = tgt->recv_cq;
-  h->type = IBV_QPT_XRC_RECV;
-  h->xrcd = xrcd;
-  h->xrc_domain = xrcd->domain;
   h->xrc_opened_from = tgt;
-  ibv_qp* q = h->qp();
-  q->context = ctx->ibv();
-  q->qp_context = attr->qp_context;
-  q->qp_type = IBV_QPT_XRC_RECV;
-  q->qp_num = tgt->qpn();
-  q->handle = q->qp_num;
-  q->state = static_cast<ibv_qp_state>(tgt->state.load());
-  pthread_mutex_init(&q->mutex, nullptr);
-  pthread_cond_init(&q->cond, nullptr);
-  xrcd->users++;
+  h->qp()->state = static_cast<ibv_qp_state>(tgt->state.load());
   {
     std::lock_guard<std::mutex> lock(tgt->xrc_mu);
     tgt->xrc_openers.push_back(h);
     ++tgt->xrc_handles;
   }
-  return q;
+  return h->qp();
 }
 
 // Destroying one handle of a TGT QP: true when the QP itself must go now (its last).
 bool release_tgt_handle(Qp* handle) {
   Qp* tgt = handle->xrc_opened_from ? handle->xrc_opened_from : handle;
   std::unique_lock<std::mutex> lock(tgt->xrc_mu);
+  // Handles of processes that died without destroying them do not keep the QP.
+  auto& remote = tgt->xrc_remote_openers;
+  for (auto it = remote.begin(); it != remote.end();) {
+    if (kill(it->first, 0) != 0 && errno == ESRCH) {
+      it = remote.erase(it);
+      --tgt->xrc_handles;
+    } else {
+      ++it;
+    }
+  }
   if (handle == tgt && tgt->xrc_handles > 1) {
     tgt->xrc_creator_gone = true;
     lock.unlock();

@@ -4,9 +4,11 @@
  * SRQs and a TGT QP; B (child) sends to them from an XRC INI QP.
  *  1. SEND, RDMA WRITE and READ named at A's XRC SRQ: the receive completes on the SRQ's
  *     CQ with the TGT QP's number (wc.qp_num) and the INI QP's (wc.src_qp); the SRQ limit
- *     event fires as for a basic SRQ; ibv_open_qp gives a second handle on the TGT QP.
+ *     event fires as for a basic SRQ; ibv_open_qp gives a second handle on the TGT QP, in A
+ *     and (same host) in B, through A's agent.
  *  2. A message naming an XRC SRQ of another domain (an fd -1 one): B's WR fails with
- *     REM_INV_REQ_ERR, the TGT QP goes to ERR and both of its handles hear the event.
+ *     REM_INV_REQ_ERR, the TGT QP goes to ERR and every handle hears the event (B's too,
+ *     which then moves the QP to RESET).
  *  3. The domain file closed and opened again names the same domain: an SRQ created
  *     through the new handle takes messages from a TGT QP of the first.
  *  4. (same host) B opens the domain on the same file: it exists for B (O_EXCL fails), it
@@ -155,6 +157,27 @@ static void peer_main(int s)
 	sv_trade_gid(sock, ini);
 	connect_xrc(ini, &d, a.tgt_qpn, 1);
 	CHECK_EQ(sv_hear(sock), 1);
+	/* Same host: this process opens A's TGT QP too (its domain, through the file). */
+	struct ibv_xrcd *bx = NULL;
+	struct ibv_qp *bt = NULL;
+	if (!sv_peer_on_other_host()) {
+		int fd = open(path, O_RDONLY);
+		CHECK(fd >= 0);
+		bx = open_xrcd(d.ctx, fd, 0);
+		CHECK(bx != NULL);
+		close(fd);
+		struct ibv_qp_open_attr oa = {0};
+		oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+		oa.qp_num = a.tgt_qpn;
+		oa.xrcd = bx;
+		oa.qp_type = IBV_QPT_XRC_RECV;
+		bt = ibv_open_qp(d.ctx, &oa);
+		CHECKF(bt != NULL, "ibv_open_qp of A's TGT QP failed: %s", strerror(errno));
+		CHECK_EQ(bt->qp_num, a.tgt_qpn);
+		CHECK_EQ(sv_query_state(bt), IBV_QPS_RTR);
+		oa.qp_num = a.tgt_qpn + 1000; /* no such QP */
+		CHECK(ibv_open_qp(d.ctx, &oa) == NULL);
+	}
 
 	struct ibv_wc wc;
 	memset(sv_ptr(mr, 0), 'x', MSG);
@@ -172,6 +195,14 @@ static void peer_main(int s)
 	CHECK_EQ(sv_hear(sock), 3);
 	CHECK_OK(post_xrc(ini, 4, IBV_WR_SEND, a.other_srqn, mr, 0, MSG, 0, 0));
 	sv_expect_wc(cq, 4, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
+	if (bt) {
+		/* The TGT QP's event reached this process's handle; modify goes to A's QP. */
+		sv_expect_async(d.ctx, IBV_EVENT_QP_REQ_ERR, bt);
+		CHECK_EQ(sv_query_state(bt), IBV_QPS_ERR);
+		CHECK_OK(sv_modify_state(bt, IBV_QPS_RESET));
+		CHECK_EQ(sv_query_state(bt), IBV_QPS_RESET);
+		CHECK_OK(ibv_destroy_qp(bt));
+	}
 	CHECK_OK(ibv_destroy_qp(ini));
 	sv_say(sock, 4);
 
@@ -300,11 +331,13 @@ int main(void)
 	CHECKF((ev[0].element.qp == tgt && ev[1].element.qp == opened) ||
 		       (ev[0].element.qp == opened && ev[1].element.qp == tgt),
 	       "the event must reach both handles of the TGT QP");
-	CHECK_EQ(sv_query_state(opened), IBV_QPS_ERR);
-	CHECK_EQ(sv_query_state(tgt), IBV_QPS_ERR);
+	/* On one host B's handle moved the QP to RESET (ibv_open_qp across processes). */
+	enum ibv_qp_state now = sv_peer_on_other_host() ? IBV_QPS_ERR : IBV_QPS_RESET;
+	CHECK_EQ(sv_query_state(opened), now);
+	CHECK_EQ(sv_query_state(tgt), now);
 	sv_expect_empty(cq2, "the other domain's SRQ CQ");
 	CHECK_OK(ibv_destroy_qp(tgt)); /* the QP lives on: `opened` still names it */
-	CHECK_EQ(sv_query_state(opened), IBV_QPS_ERR);
+	CHECK_EQ(sv_query_state(opened), now);
 	CHECK_OK(ibv_destroy_qp(opened));
 
 	sv_step("the domain file closed and opened again: the same domain");
