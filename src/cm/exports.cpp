@@ -323,10 +323,17 @@ int rdma_create_qp(rdma_cm_id* raw, ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (pd && pd->context != id->id.verbs) return fail(EINVAL);
   std::lock_guard<std::mutex> lock(g_mu);
   pd = pd_for(id, pd);
-  ibv_qp_init_attr_ex ex = to_ex(*attr);
-  int err = create_id_qp(id, pd, &ex);
-  from_ex(ex, attr);
-  if (err) return fail(err);
+  if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV) {
+    ibv_qp_init_attr_ex ex = to_ex(*attr);
+    int err = create_id_qp(id, pd, &ex);
+    from_ex(ex, attr);
+    return err ? fail(err) : 0;
+  }
+  if (int err = create_cqs(id, &attr->send_cq, &attr->recv_cq, attr->cap.max_send_wr,
+                           attr->cap.max_recv_wr))
+    return fail(err);
+  if (!attr->srq && id->id.srq) attr->srq = id->id.srq;
+  if (int err = finish_qp(id, ibv_create_qp(pd, attr))) return fail(err);
   return 0;
 }
 
@@ -412,8 +419,17 @@ int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
   if (l->has_ep_attr) {
     ibv_qp_init_attr attr = l->ep_attr;
     ibv_pd* pd = pd_for(id, l->ep_pd);
-    ibv_qp_init_attr_ex ex = to_ex(attr);
-    int err = create_id_qp(id, pd, &ex);
+    int err;
+    if (attr.qp_type == IBV_QPT_XRC_SEND || attr.qp_type == IBV_QPT_XRC_RECV) {
+      ibv_qp_init_attr_ex ex = to_ex(attr);
+      err = create_id_qp(id, pd, &ex);
+    } else {
+      err = create_cqs(id, &attr.send_cq, &attr.recv_cq, attr.cap.max_send_wr, attr.cap.max_recv_wr);
+      if (!err) {
+        if (!attr.srq && id->id.srq) attr.srq = id->id.srq;
+        err = finish_qp(id, ibv_create_qp(pd, &attr));
+      }
+    }
     if (err) {
       reject_locked(id, nullptr, 0, kRejConsumerDefined);
       return fail(err);

@@ -222,8 +222,9 @@ void wr_set_ud_addr(ibv_qp_ex* q, ibv_ah* ah, uint32_t remote_qpn, uint32_t remo
 void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t remote_srqn) {
   ExWr* e = current_wr(q);
   if (!e) return;
+  // Only an XRC INI QP has it (like any op a QP was not made for: EOPNOTSUPP).
   if (qp_of(q)->type != IBV_QPT_XRC_SEND || remote_srqn > 0xffffff) {
-    latch(qp_of(q)->ex, EINVAL);
+    latch(qp_of(q)->ex, qp_of(q)->type != IBV_QPT_XRC_SEND ? EOPNOTSUPP : EINVAL);
     return;
   }
   e->wr.qp_type.xrc.remote_srqn = remote_srqn;
