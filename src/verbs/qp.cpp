@@ -537,7 +537,14 @@ int destroy_qp(Qp* qp) {
     Qp* tgt = qp->xrc_opened_from ? qp->xrc_opened_from : qp;
     bool last = release_tgt_handle(qp);
     if (qp != tgt) free_opened_handle(qp);
-    if (!last) return 0;
+    if (!last) {
+      // The creator's handle goes, the QP stays: its events handed out are acked first,
+      // as for any destroyed QP (none are posted to it any more).
+      if (qp == tgt)
+        wait_acked(&qp->qp()->mutex, &qp->qp()->cond, &qp->qp()->events_completed,
+                   &qp->events_reported);
+      return 0;
+    }
     qp = tgt;
   }
   {
