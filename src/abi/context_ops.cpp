@@ -96,6 +96,10 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   fill_cq_ex_attr(&full);
   fill_odp_dm_attr(&full);  // odp-dm
   fill_tm_caps(&full.tm_caps);  // tag matching (pyverbs-more)
+  // XRC (xrc): ODP on XRC as on RC (the same responder and requester); receives land in
+  // XRC SRQs only (no RECV bit: an XRC TGT QP has no receive queue).
+  full.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                      IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
@@ -169,12 +173,23 @@ int op_dealloc_mw(ibv_mw* mw) {
 // (BLOCK_SELF_MCAST_LB, SOURCE_QPN for QP1) and send-ops flags (the ibv_wr_* API,
 // verbs/qp_ex.cpp). XRC, RSS and the rest are not implemented.
 ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
+  // XRC TGT QP: an XRC domain instead of a PD (verbs/xrc.cpp).
+  if (ex && ex->qp_type == IBV_QPT_XRC_RECV) {
+    Context* ctx = Context::from(context);
+    if (!ctx || (ex->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+        ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags)) {
+      errno = ctx ? EOPNOTSUPP : EINVAL;
+      return nullptr;
+    }
+    return create_xrc_tgt_qp(ctx, ex);
+  }
   if (!ex || !(ex->comp_mask & IBV_QP_INIT_ATTR_PD)) {
     errno = EINVAL;
     return nullptr;
   }
   constexpr uint32_t kKnownMask =
-      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+      IBV_QP_INIT_ATTR_XRCD;  // an XRC INI QP may name one; it is not used
   if ((ex->comp_mask & ~kKnownMask) ||
       ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
        (ex->create_flags & ~(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB | IBV_QP_CREATE_SOURCE_QPN)))) {
@@ -222,6 +237,36 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   }
   return qp;
 }
+
+// ---- XRC (verbs/xrc.cpp) ----------------------------------------------------------------
+ibv_xrcd* op_open_xrcd(ibv_context* context, ibv_xrcd_init_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return open_xrcd(ctx, attr);
+}
+
+int op_close_xrcd(ibv_xrcd* xrcd) {
+  Xrcd* x = Xrcd::from(xrcd);
+  return x ? close_xrcd(x) : EINVAL;
+}
+
+int op_get_srq_num(ibv_srq* srq, uint32_t* num) {
+  Srq* s = Srq::from(srq);
+  return s ? get_srq_num(s, num) : EINVAL;
+}
+
+ibv_qp* op_open_qp(ibv_context* context, ibv_qp_open_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return open_xrc_qp(ctx, attr);
+}
+// ---- end of XRC -------------------------------------------------------------------------
 
 // --- ODP, device memory, thread and parent domains (issue 13, odp-dm) ---
 int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
@@ -357,12 +402,12 @@ void fill_context_ops(Context* ctx) {
   // Binaries built against libibverbs 1.1.8 call the flow verbs through these two slots.
   v.ABI_placeholder1 = reinterpret_cast<void (*)()>(v.ibv_create_flow);
   v.ABI_placeholder2 = reinterpret_cast<void (*)()>(v.ibv_destroy_flow);
-  unsupported(v.open_qp);
+  v.open_qp = &op_open_qp;  // xrc
   v.create_qp_ex = &op_create_qp_ex;
-  unsupported(v.get_srq_num);
+  v.get_srq_num = &op_get_srq_num;  // xrc
   v.create_srq_ex = &op_create_srq_ex;  // ex-cq
-  unsupported(v.open_xrcd);
-  unsupported(v.close_xrcd);
+  v.open_xrcd = &op_open_xrcd;  // xrc
+  v.close_xrcd = &op_close_xrcd;
   // odp-dm: ODP prefetch, device memory, thread and parent domains.
   v.advise_mr = &op_advise_mr;
   v.alloc_dm = &op_alloc_dm;

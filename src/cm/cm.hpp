@@ -144,6 +144,7 @@ extern std::mutex g_mu;
 // The process-wide soft device context (what id->verbs always points to), or nullptr.
 ibv_context* device_context();
 ibv_pd* device_pd();
+ibv_xrcd* device_xrcd();  // the XRC domain of XRC ids (nullptr if it cannot be opened)
 const ibv_device_attr& device_attr();
 enum ibv_mtu device_mtu();
 // The GID index of a local address (any port), -1 if the address is not ours; a wildcard

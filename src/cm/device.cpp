@@ -1,6 +1,9 @@
 // The soft device as rdma_cm sees it: one context for the whole process (librpma takes
 // id->verbs, destroys the id and keeps using the context), one PD for ids created without
 // one, and addresses mapped to GIDs through the public verbs calls.
+#include <fcntl.h>
+
+#include <mutex>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -78,6 +81,21 @@ bool is_wildcard(const sockaddr* addr) {
 
 ibv_context* device_context() { return opened().ctx; }
 ibv_pd* device_pd() { return opened().pd; }
+// XRC (rdma_create_qp / rdma_create_srq with an XRC id): one XRC domain of the device's own
+// (fd -1), opened at first use and kept, as librdmacm's ucma_get_xrcd does.
+ibv_xrcd* device_xrcd() {
+  static std::mutex mu;
+  static ibv_xrcd* xrcd = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!xrcd && device_context()) {
+    ibv_xrcd_init_attr attr{};
+    attr.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    attr.fd = -1;
+    attr.oflags = O_CREAT;
+    xrcd = ibv_open_xrcd(device_context(), &attr);
+  }
+  return xrcd;
+}
 const ibv_device_attr& device_attr() { return opened().attr; }
 enum ibv_mtu device_mtu() { return opened().mtu; }
 

@@ -56,12 +56,12 @@ int create_cqs(Id* id, ibv_cq** send_cq, ibv_cq** recv_cq, uint32_t send_wr, uin
     return *cq != nullptr;
   };
   bool ok = true;
-  if (!*send_cq) {
+  if (send_cq && !*send_cq) {
     id->own_cqs = true;
     ok = make(&id->id.send_cq_channel, &id->id.send_cq, send_wr);
     *send_cq = id->id.send_cq;
   }
-  if (ok && !*recv_cq) {
+  if (ok && recv_cq && !*recv_cq) {
     id->own_cqs = true;
     ok = make(&id->id.recv_cq_channel, &id->id.recv_cq, recv_wr);
     *recv_cq = id->id.recv_cq;
@@ -91,6 +91,47 @@ ibv_pd* pd_for(Id* id, ibv_pd* pd) {
   if (!pd) pd = id->id.pd ? id->id.pd : device_pd();
   id->id.pd = pd;
   return pd;
+}
+
+// The QP of an id, as librdmacm makes it: CQs the caller did not give (an XRC INI QP
+// needs none for receives, an XRC TGT QP none at all: it is created in the device's XRC
+// domain, and its receives complete on the CQ of the XRC SRQ they land in).
+int create_id_qp(Id* id, ibv_pd* pd, ibv_qp_init_attr_ex* attr) {
+  const bool ini = attr->qp_type == IBV_QPT_XRC_SEND, tgt = attr->qp_type == IBV_QPT_XRC_RECV;
+  if (tgt) {
+    attr->comp_mask = (attr->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD)) | IBV_QP_INIT_ATTR_XRCD;
+    attr->xrcd = device_xrcd();
+    attr->send_cq = attr->recv_cq = nullptr;
+    attr->srq = nullptr;
+    if (!attr->xrcd) return errno ? errno : ENODEV;
+    return finish_qp(id, ibv_create_qp_ex(id->id.verbs, attr));
+  }
+  if (int err = create_cqs(id, &attr->send_cq, ini ? nullptr : &attr->recv_cq,
+                           attr->cap.max_send_wr, attr->cap.max_recv_wr))
+    return err;
+  if (!ini && !attr->srq && id->id.srq) attr->srq = id->id.srq;
+  attr->pd = pd;
+  attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
+  return finish_qp(id, ibv_create_qp_ex(id->id.verbs, attr));
+}
+
+ibv_qp_init_attr_ex to_ex(const ibv_qp_init_attr& a) {
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_context = a.qp_context;
+  ex.send_cq = a.send_cq;
+  ex.recv_cq = a.recv_cq;
+  ex.srq = a.srq;
+  ex.cap = a.cap;
+  ex.qp_type = a.qp_type;
+  ex.sq_sig_all = a.sq_sig_all;
+  return ex;
+}
+
+void from_ex(const ibv_qp_init_attr_ex& ex, ibv_qp_init_attr* a) {
+  a->send_cq = ex.send_cq;
+  a->recv_cq = ex.recv_cq;
+  a->srq = ex.srq;
+  a->cap = ex.cap;
 }
 
 const char* const kEventNames[] = {
@@ -282,6 +323,12 @@ int rdma_create_qp(rdma_cm_id* raw, ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (pd && pd->context != id->id.verbs) return fail(EINVAL);
   std::lock_guard<std::mutex> lock(g_mu);
   pd = pd_for(id, pd);
+  if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV) {
+    ibv_qp_init_attr_ex ex = to_ex(*attr);
+    int err = create_id_qp(id, pd, &ex);
+    from_ex(ex, attr);
+    return err ? fail(err) : 0;
+  }
   if (int err = create_cqs(id, &attr->send_cq, &attr->recv_cq, attr->cap.max_send_wr,
                            attr->cap.max_recv_wr))
     return fail(err);
@@ -297,13 +344,8 @@ int rdma_create_qp_ex(rdma_cm_id* raw, ibv_qp_init_attr_ex* attr) {
   if ((attr->comp_mask & IBV_QP_INIT_ATTR_PD) && attr->pd && attr->pd->context != id->id.verbs)
     return fail(EINVAL);
   std::lock_guard<std::mutex> lock(g_mu);
-  attr->pd = pd_for(id, (attr->comp_mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr);
-  attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
-  if (int err = create_cqs(id, &attr->send_cq, &attr->recv_cq, attr->cap.max_send_wr,
-                           attr->cap.max_recv_wr))
-    return fail(err);
-  if (!attr->srq && id->id.srq) attr->srq = id->id.srq;
-  if (int err = finish_qp(id, ibv_create_qp_ex(id->id.verbs, attr))) return fail(err);
+  ibv_pd* pd = pd_for(id, (attr->comp_mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr);
+  if (int err = create_id_qp(id, pd, attr)) return fail(err);
   return 0;
 }
 
@@ -377,10 +419,16 @@ int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
   if (l->has_ep_attr) {
     ibv_qp_init_attr attr = l->ep_attr;
     ibv_pd* pd = pd_for(id, l->ep_pd);
-    int err = create_cqs(id, &attr.send_cq, &attr.recv_cq, attr.cap.max_send_wr, attr.cap.max_recv_wr);
-    if (!err) {
-      if (!attr.srq && id->id.srq) attr.srq = id->id.srq;
-      err = finish_qp(id, ibv_create_qp(pd, &attr));
+    int err;
+    if (attr.qp_type == IBV_QPT_XRC_SEND || attr.qp_type == IBV_QPT_XRC_RECV) {
+      ibv_qp_init_attr_ex ex = to_ex(attr);
+      err = create_id_qp(id, pd, &ex);
+    } else {
+      err = create_cqs(id, &attr.send_cq, &attr.recv_cq, attr.cap.max_send_wr, attr.cap.max_recv_wr);
+      if (!err) {
+        if (!attr.srq && id->id.srq) attr.srq = id->id.srq;
+        err = finish_qp(id, ibv_create_qp(pd, &attr));
+      }
     }
     if (err) {
       reject_locked(id, nullptr, 0, kRejConsumerDefined);
@@ -600,6 +648,19 @@ int rdma_create_srq_ex(rdma_cm_id* raw, ibv_srq_init_attr_ex* attr) {
     attr->pd = pd_for(id, nullptr);
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
   }
+  // An XRC SRQ: in the device's XRC domain unless one is given, completing on the id's
+  // receive CQ (made here if there is none), as librdmacm does.
+  if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC) {
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd) {
+      attr->xrcd = device_xrcd();
+      attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD;
+    }
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
+      if (int err = create_cqs(id, nullptr, &id->id.recv_cq, 0, attr->attr.max_wr)) return fail(err);
+      attr->cq = id->id.recv_cq;
+      attr->comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+    }
+  }
   ibv_srq* srq = ibv_create_srq_ex(id->id.verbs, attr);
   if (!srq) return -1;
   id->id.srq = srq;
@@ -610,6 +671,18 @@ int rdma_create_srq(rdma_cm_id* raw, ibv_pd* pd, ibv_srq_init_attr* attr) {
   Id* id = checked(raw);
   if (!id) return -1;
   if (!attr || !id->id.verbs || id->id.srq) return fail(EINVAL);
+  if (id->id.qp_type == IBV_QPT_XRC_RECV) {
+    // The SRQ of an XRC id is an XRC SRQ (rdma_create_srq(3)).
+    ibv_srq_init_attr_ex ex{};
+    ex.srq_context = attr->srq_context;
+    ex.attr = attr->attr;
+    ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+    ex.srq_type = IBV_SRQT_XRC;
+    ex.pd = pd;
+    int rc = rdma_create_srq_ex(raw, &ex);
+    attr->attr = ex.attr;
+    return rc;
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   ibv_srq* srq = ibv_create_srq(pd_for(id, pd), attr);
   if (!srq) return -1;

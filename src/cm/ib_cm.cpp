@@ -381,7 +381,9 @@ void Cm::on_req(const Endpoint& from, const wr::MadHeader& h, const wr::CmReq& r
     rej.reason = reason;
     send_once(from, {wr::cm_header(h.tid), rej});
   };
-  if (req.transport_service_type != wr::kCmRc && req.transport_service_type != wr::kCmUc) {
+  // RC, UC, and XRC (extended transport type 1, as the kernel sends it for an XRC INI QP).
+  const bool xrc = req.transport_service_type == wr::kCmExtended && req.extended_transport_type == 1;
+  if (req.transport_service_type != wr::kCmRc && req.transport_service_type != wr::kCmUc && !xrc) {
     refuse(wr::kRejInvalidTransportType);
     return;
   }

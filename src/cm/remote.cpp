@@ -359,6 +359,14 @@ void* Agent::on_req(uint32_t conn, const ib::Endpoint& from, const wr::CmReq& re
   Id* l = find_listener(to_ps(ps), port, reinterpret_cast<sockaddr*>(&local));
   if (!l || l->id.ps == RDMA_PS_UDP) return nullptr;
   ibv_qp_type type = req.transport_service_type == wr::kCmUc ? IBV_QPT_UC : IBV_QPT_RC;
+  // XRC (extended transport type 1): an INI QP asks, an XRC TGT QP answers.
+  if (req.transport_service_type == wr::kCmExtended) {
+    if (req.extended_transport_type != 1) {
+      *reason = wr::kRejInvalidTransportType;
+      return nullptr;
+    }
+    type = IBV_QPT_XRC_RECV;
+  }
   Id* id = passive_id(l, conn, from, type, local, peer);
   if (!id) {
     *reason = wr::kRejNoResources;
@@ -757,6 +765,10 @@ int remote_connect_locked(Id* id, const rdma_conn_param* param) {
   req.responder_resources = id->responder_resources;
   req.initiator_depth = id->initiator_depth;
   req.transport_service_type = id->id.qp && id->id.qp->qp_type == IBV_QPT_UC ? wr::kCmUc : wr::kCmRc;
+  if (id->id.qp && id->id.qp->qp_type == IBV_QPT_XRC_SEND) {
+    req.transport_service_type = wr::kCmExtended;  // with extended transport type 1: XRC
+    req.extended_transport_type = 1;
+  }
   req.end_to_end_flow_control = param && param->flow_control;
   req.starting_psn = id->psn;
   req.retry_count = id->retry_count;

@@ -294,7 +294,8 @@ void on_request(int fd, Id* listener, const Msg& m) {
   if (asked_index == -2) asked_index = 0;
   if (!matches || listener->state != IdState::Listening || asked_index < 0 ||
       (bound_index >= 0 && bound_index != asked_index) ||
-      (!ud && m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC)) {
+      (!ud && m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC &&
+       m.qp_type != IBV_QPT_XRC_SEND)) {
     Msg no = make_msg(ud ? MsgType::SidrRep : MsgType::Rej);
     no.status = ud ? kSidrUnsupported : kRejInvalidServiceId;
     send_msg(fd, no);
@@ -302,8 +303,10 @@ void on_request(int fd, Id* listener, const Msg& m) {
     return;
   }
   Channel* ch = listener->channel;
-  Id* id = new_id(ch, listener->id.context, listener->id.ps,
-                  ud ? IBV_QPT_UD : static_cast<ibv_qp_type>(m.qp_type));
+  // An XRC INI QP connects to an XRC TGT QP.
+  ibv_qp_type type = ud ? IBV_QPT_UD : static_cast<ibv_qp_type>(m.qp_type);
+  if (type == IBV_QPT_XRC_SEND) type = IBV_QPT_XRC_RECV;
+  Id* id = new_id(ch, listener->id.context, listener->id.ps, type);
   id->sync = false;  // rdma_get_request makes it synchronous if the listener is
   id->listener = listener;
   id->id.verbs = device_context();
@@ -876,6 +879,9 @@ int disconnect_locked(Id* id) {
 int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
   bool ud = id->id.qp_type == IBV_QPT_UD;
   bool rc = id->id.qp_type == IBV_QPT_RC;
+  // XRC: the INI side takes RC's send attributes, the TGT side RC's receive ones (the
+  // kernel's qp_state_table); both RC's access.
+  bool ini = id->id.qp_type == IBV_QPT_XRC_SEND, tgt = id->id.qp_type == IBV_QPT_XRC_RECV;
   ibv_qp_state state = a->qp_state;
   std::memset(a, 0, sizeof(*a));
   a->qp_state = state;
@@ -890,7 +896,7 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
         *mask |= IBV_QP_QKEY;
       } else {
         a->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-        if (rc) a->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+        if (rc || ini || tgt) a->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
         *mask |= IBV_QP_ACCESS_FLAGS;
       }
       return 0;
@@ -909,7 +915,7 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       a->ah_attr.grh.traffic_class = id->tos;
       a->ah_attr.port_num = 1;
       *mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-      if (rc) {
+      if (rc || tgt) {
         a->max_dest_rd_atomic = id->responder_resources;
         a->min_rnr_timer = 12;
         *mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -919,7 +925,11 @@ int qp_attr_locked(Id* id, ibv_qp_attr* a, int* mask) {
       if (id->psn == 0) id->psn = random24();
       a->sq_psn = ud ? id->psn : starting_psns(id->psn, id->remote_psn).sq_psn;
       *mask |= IBV_QP_SQ_PSN;
-      if (rc) {
+      if (tgt) {
+        a->timeout = id->ack_timeout;
+        *mask |= IBV_QP_TIMEOUT;
+      }
+      if (rc || ini) {
         a->timeout = id->ack_timeout;
         a->retry_cnt = id->retry_count;
         a->rnr_retry = id->rnr_retry_count;

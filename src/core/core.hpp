@@ -52,6 +52,14 @@ void cq_purge_qp(Cq* cq, uint32_t qpn);
 // is true for the completion that overran it, false for later ones. Set once.
 void set_cq_overrun_handler(void (*handler)(Cq* cq, bool first));
 
+// XRC SRQs of this process by number (core/xrc_srqs.cpp). A responder holds
+// xrc_srq_lock() shared around the look-up and every use of the SRQ it found; nullptr when
+// no SRQ of this process has the number in `domain`.
+std::shared_mutex& xrc_srq_lock();
+Srq* find_xrc_srq_locked(uint32_t srq_num, const XrcDomain* domain);
+uint32_t add_xrc_srq(Srq* srq);  // its number; 0 when none is left
+void remove_xrc_srq(uint32_t srq_num);
+
 // The key table: lkeys/rkeys name MRs. Lookups run under a shared lock that the data path
 // holds for a whole operation, so an MR cannot be deregistered mid-copy.
 class MrTable {

@@ -150,7 +150,9 @@ void Device::fill_device_attr(ibv_device_attr* a) const {
                         IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
                         // LOCAL_INV and SEND_WITH_INV (of type 2 windows; user verbs have no
                         // fast registration), as rxe reports it.
-                        IBV_DEVICE_MEM_MGT_EXTENSIONS;
+                        IBV_DEVICE_MEM_MGT_EXTENSIONS |
+                        // XRC domains, XRC SRQs, INI and TGT QPs (verbs/xrc.cpp).
+                        IBV_DEVICE_XRC;
   a->max_sge = Limits::max_sge;
   a->max_sge_rd = Limits::max_sge;
   a->max_cq = l.max_cq;

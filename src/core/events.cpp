@@ -2,6 +2,7 @@
 #include <mutex>
 #include <set>
 
+#include "wire/shm/agent.hpp"
 #include "core/core.hpp"
 
 namespace softverbs {
@@ -32,7 +33,24 @@ void raise_qp_event(Qp* qp, ibv_event_type type) {
   ibv_async_event ev{};
   ev.element.qp = qp->qp();
   ev.event_type = type;
-  qp->ctx->post_async(ev);
+  if (qp->type != IBV_QPT_XRC_RECV) {
+    qp->ctx->post_async(ev);
+    return;
+  }
+  // An XRC TGT QP's events go to every handle opened on it too (ibv_open_qp(3)), and to
+  // its creator's while that handle is not destroyed.
+  {
+    std::lock_guard<std::mutex> lock(qp->xrc_mu);
+    if (!qp->xrc_creator_gone) qp->ctx->post_async(ev);
+    for (Qp* h : qp->xrc_openers) {
+      ev.element.qp = h->qp();
+      h->ctx->post_async(ev);
+    }
+    // One message per opening process: its agent gives the event to each of its handles.
+    std::set<int> told;
+    for (const auto& [pid, slot] : qp->xrc_remote_openers)
+      if (told.insert(slot).second) wire::agent_xrc_event(slot, qp->qpn(), type);
+  }
 }
 
 void raise_cq_event(Cq* cq, ibv_event_type type) {

@@ -46,6 +46,7 @@ enum Magic : uint32_t {
   kDmMagic = 0x5356444d,
   kTdMagic = 0x53565444,
   kMwMagic = 0x5356574d,
+  kXrcdMagic = 0x53565844,
   kDead = 0xdeaddead,
 };
 
@@ -57,6 +58,8 @@ struct Cq;
 struct CompChannel;
 struct Qp;
 struct Srq;
+struct Xrcd;
+struct XrcDomain;  // verbs/xrc.cpp: one XRC domain, however many handles name it
 
 // What a context shares with the contexts imported from it (ibv_import_device(3)): its PD
 // handles, so that ibv_import_pd finds them (verbs/import.cpp). The last context holding it
@@ -79,6 +82,10 @@ struct Context {
   std::set<Srq*> srqs;
   int cmd_fd = -1;
   std::shared_ptr<ContextShared> shared = std::make_shared<ContextShared>();
+  // What XRC TGT QPs of this context use for the PD and CQs they do not have (under
+  // objects_mu; made on first use, freed with the context; verbs/xrc.cpp).
+  Pd* xrc_pd = nullptr;
+  Cq* xrc_cq = nullptr;
 
   ibv_context* ibv() { return &vctx.context; }
   static Context* from(ibv_context* c);
@@ -158,6 +165,17 @@ struct Td {
   Context* ctx;
   std::atomic<int> users{0};  // parent domains using it
   static Td* from(ibv_td* t);
+};
+
+// An XRC domain handle (ibv_open_xrcd(3)): several handles, in this process or others,
+// name one domain when opened on the same file (verbs/xrc.cpp).
+struct Xrcd {
+  ibv_xrcd ibv;
+  uint32_t magic = kXrcdMagic;
+  Context* ctx;
+  std::shared_ptr<XrcDomain> domain;
+  std::atomic<int> users{0};  // SRQs and TGT QPs created or opened with this handle
+  static Xrcd* from(ibv_xrcd* x);
 };
 
 // A memory window (ibv_alloc_mw(3), IBA 10.6.7): a key for remote access to part of an MR,
@@ -334,6 +352,7 @@ struct SendWqe {
   uint8_t hop_limit = 0;  // the AH's; a multicast datagram's IP TTL / hop limit
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
+  uint32_t xrc_srqn = 0;  // XRC INI: the remote XRC SRQ (XRCETH)
   uint64_t total_length = 0;
   // Retry bookkeeping for this WQE (RNR NAK / no response).
   bool started = false;
@@ -356,6 +375,13 @@ struct Srq {
   uint32_t events_reported = 0;  // under ibv.mutex
   std::set<uint32_t> rnr_waiters;  // under mu: QPNs of senders to retry when a receive is posted
   TmSrq* tm = nullptr;  // IBV_SRQT_TM: its matching list (under mu) and CQ; else nullptr
+  // XRC SRQ (ibv_create_srq_ex with IBV_SRQT_XRC, verbs/xrc.cpp): its domain, the CQ its
+  // receives complete on, and its number (what an XRC INI QP names in XRCETH). The domain
+  // is held by shared_ptr so that it outlives the xrcd handle it was created with.
+  std::shared_ptr<XrcDomain> xrc_domain;
+  Xrcd* xrcd = nullptr;
+  Cq* xrc_cq = nullptr;
+  uint32_t srq_num = 0;
   static Srq* from(ibv_srq* s);
 };
 
@@ -421,6 +447,25 @@ struct Qp {
   // CM's MAD agent, docs/decisions/0007). It sends with DETH SrcQP 1 and receives what
   // arrives for DestQP 1. 0: the QP's own number.
   uint32_t source_qpn = 0;
+  // XRC (verbs/xrc.cpp). A TGT QP (IBV_QPT_XRC_RECV) belongs to an XRC domain: its
+  // receives land in the XRC SRQ each message names, which must be of the same domain.
+  // It has no PD, CQs or queues of the application's: `pd`, `send_cq` and `recv_cq` are the
+  // context's hidden ones (never polled). `xrc_opened_from`: this handle is an ibv_open_qp of
+  // that TGT QP (modify, query and destroy act on it); `xrc_openers` the handles opened on
+  // this one, which hear its async events too (under xrc_mu).
+  Xrcd* xrcd = nullptr;
+  std::shared_ptr<XrcDomain> xrc_domain;
+  Qp* xrc_opened_from = nullptr;
+  std::mutex xrc_mu;
+  std::vector<Qp*> xrc_openers;
+  int xrc_handles = 1;  // the creator's handle plus the opened ones
+  bool xrc_creator_gone = false;  // the creator destroyed its handle
+  // Other processes' handles on this TGT QP (ibv_open_qp through our agent): their pid and
+  // registry slot, one entry per handle; they hear its events through their agents.
+  std::vector<std::pair<pid_t, int>> xrc_remote_openers;
+  // This handle names a TGT QP of the process in this registry slot (0: not such a handle);
+  // modify, query and destroy ask that process's agent.
+  int xrc_remote_slot = 0;
   std::atomic<int> state{IBV_QPS_RESET};
   // The connection to a peer process (under attr_mu): a number unique in this process, given
   // when the QP enters RTR, and the peer's pid then; RESET clears both. A dead peer's timer

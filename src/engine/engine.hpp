@@ -94,16 +94,19 @@ Clock::duration ack_timeout(uint8_t timeout);
 // Resolves a receive WQE's scatter list (its non-empty SGEs, into out[0..*n)); returns its
 // capacity or -1 on a protection error. Caller holds the key lock (shared). Inline: the
 // polled path resolves a receive when it is posted.
-inline int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
+inline int64_t resolve_recv(Pd* pd, const RecvWqe& r, iovec* out, int* n) {
   int64_t cap = 0;
   int k = 0;
   for (const Sge& s : r.sges) {
     if (s.length == 0) continue;
-    if (!resolve_sge(t->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &out[k++])) return -1;
+    if (!resolve_sge(pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &out[k++])) return -1;
     cap += s.length;
   }
   *n = k;
   return cap;
+}
+inline int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
+  return resolve_recv(t->pd, r, out, n);
 }
 
 // Receive windows, target side (shm_responder.cpp).

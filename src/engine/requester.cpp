@@ -58,7 +58,9 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
 
   // A connected peer on this host: through its receive window, or straight into its memory.
-  if (qp->type != IBV_QPT_UD && qp->send_path.route == wire::Route::Shm && Device::instance().port_active()) {
+  // (XRC always asks the target's agent: the XRC SRQ is named per message.)
+  if ((qp->type == IBV_QPT_RC || qp->type == IBV_QPT_UC) && qp->send_path.route == wire::Route::Shm &&
+      Device::instance().port_active()) {
     uint32_t dst_qpn = qp->send_path.dest_qpn;
     if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
         w.total_length <= wire::kWindowPayload) {
@@ -81,6 +83,7 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   req.compare_add = w.compare_add;
   req.swap = w.swap;
   req.length = w.total_length;
+  req.xrc_srqn = w.xrc_srqn;
   req.local = local;
   req.nlocal = nlocal;
   ibv_gid dgid;
@@ -106,8 +109,9 @@ Outcome execute(Qp* qp, const SendWqe& w) {
                                                 : Outcome{Outcome::NoResponse};
   // Through the agent, the message may have used a receive the window counts.
   qp->peer_window.resync = true;
-  // Only RC waits for an answer; for UC and UD an undelivered message is simply lost.
-  if (o.kind == Outcome::NoResponse && qp->type != IBV_QPT_RC) o = {Outcome::Ack};
+  // Only RC (and XRC) waits for an answer; for UC and UD an undelivered message is lost.
+  if (o.kind == Outcome::NoResponse && qp->type != IBV_QPT_RC && qp->type != IBV_QPT_XRC_SEND)
+    o = {Outcome::Ack};
   return o;
 }
 

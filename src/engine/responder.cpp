@@ -53,14 +53,30 @@ void build_grh(uint8_t* grh, const ibv_gid& sgid, const ibv_gid& dgid, uint32_t 
 
 namespace {
 
+// Where a request lands on target QP `qp`: its receive queue or SRQ, the PD its memory
+// is checked against, the CQ of its receives. For an XRC TGT QP: the XRC SRQ the message
+// names, that SRQ's PD and CQ (IBA 9.x: XRC checks memory against the XRC SRQ's PD).
+struct Target {
+  Qp* qp;
+  Srq* srq;
+  Pd* pd;
+  Cq* recv_cq;
+  explicit Target(Qp* t, Srq* xrc = nullptr)
+      : qp(t), srq(xrc ? xrc : t->srq), pd(xrc ? xrc->pd : t->pd),
+        recv_cq(xrc ? xrc->xrc_cq : t->recv_cq) {}
+};
+
+// RC and XRC acknowledge; UC and UD do not.
+bool reliable(const Qp* t) { return t->type == IBV_QPT_RC || t->type == IBV_QPT_XRC_RECV; }
+
 // The receive queue a message lands in: the QP's own or its SRQ. Holds its lock.
 class RecvQueue {
  public:
-  explicit RecvQueue(Qp* t)
-      : t_(t), lock_(t->srq ? t->srq->mu : t->rq_mu), q_(t->srq ? t->srq->rq : t->rq) {}
+  explicit RecvQueue(const Target& tg)
+      : t_(tg.qp), srq_(tg.srq), lock_(srq_ ? srq_->mu : t_->rq_mu), q_(srq_ ? srq_->rq : t_->rq) {}
   bool empty() const { return q_.empty(); }
   // Remember a sender that met an empty queue, to retry it once a receive is posted.
-  void add_waiter(uint32_t qpn) { (t_->srq ? t_->srq->rnr_waiters : t_->rnr_waiters).insert(qpn); }
+  void add_waiter(uint32_t qpn) { (srq_ ? srq_->rnr_waiters : t_->rnr_waiters).insert(qpn); }
   const RecvWqe& front() const { return q_.front(); }
   // Takes the front WQE for good (it is about to complete); until then a message that
   // does not arrive whole leaves it where it is, for the retry.
@@ -69,7 +85,7 @@ class RecvQueue {
     // The peer's window counts receives spoken for; this one was taken off the ring path.
     if (wire::WindowHeader* w = t_->window.load(std::memory_order_relaxed))
       w->rq_taken.fetch_add(1, std::memory_order_relaxed);
-    if (Srq* srq = t_->srq; srq && srq->limit && q_.size() < srq->limit) {
+    if (Srq* srq = srq_; srq && srq->limit && q_.size() < srq->limit) {
       srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
       raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
     }
@@ -77,6 +93,7 @@ class RecvQueue {
 
  private:
   Qp* t_;
+  Srq* srq_;
   std::lock_guard<QueueMutex> lock_;
   RingQueue<RecvWqe>& q_;
 };
@@ -98,7 +115,7 @@ TargetAttrs target_attrs(Qp* t) {
 // A responder-side fault: on RC the responder QP reacts as the error table says and the
 // requester gets its NAK status. UC has no NAKs: the message is silently dropped.
 Outcome fault(Qp* t, Fault f) {
-  if (t->type != IBV_QPT_RC) return {Outcome::Ack};
+  if (!reliable(t)) return {Outcome::Ack};
   const FaultRule rule = fault_rule(f);
   if (rule.responder_to_error) set_error(t, rule.responder_event);
   return {Outcome::Error, rule.requester_status};
@@ -106,26 +123,28 @@ Outcome fault(Qp* t, Fault f) {
 
 // A fault met while delivering into a receive WQE: the WQE completes in error, and a
 // connected QP goes to ERR. UD keeps its QP running (the datagram is just lost).
-Outcome receive_fault(Qp* t, ibv_wc* wc, Fault f) {
+Outcome receive_fault(const Target& tg, ibv_wc* wc, Fault f) {
+  Qp* t = tg.qp;
   const FaultRule rule = fault_rule(f);
   wc->status = rule.responder_status;
-  cq_push(t->recv_cq, *wc, false);
+  cq_push(tg.recv_cq, *wc, false);
   if (t->type == IBV_QPT_UD) return {Outcome::Ack};
   if (rule.responder_to_error) set_error(t, rule.responder_event);
-  if (t->type != IBV_QPT_RC) return {Outcome::Ack};
+  if (!reliable(t)) return {Outcome::Ack};
   return {Outcome::Error, rule.requester_status};
 }
 
 // Delivers a SEND (or the immediate of a WRITE_WITH_IMM, when `payload` is false) into the
 // next receive WQE and writes the receive completion.
-Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t rnr_timer) {
+Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload, uint8_t rnr_timer) {
+  Qp* t = tg.qp;
   // A tag matching SRQ matches SENDs first (engine/tm_responder.cpp).
   if (payload && t->srq && t->srq->tm && req.opcode != IBV_WR_SEND_WITH_INV)
     return deliver_tagged(req, t, rnr_timer);
   const uint64_t len = req.length;
-  RecvQueue rq(t);
+  RecvQueue rq(tg);
   if (rq.empty()) {
-    if (t->type != IBV_QPT_RC) return {Outcome::Ack};  // UC/UD: dropped
+    if (!reliable(t)) return {Outcome::Ack};  // UC/UD: dropped
     rq.add_waiter(req.src_qpn);
     return {Outcome::RnrNak, IBV_WC_SUCCESS, rnr_timer};
   }
@@ -140,15 +159,15 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
   if (payload) {
     iovec dst[Limits::max_sge];
     int ndst;
-    int64_t cap = resolve_recv(t, r, dst, &ndst);
+    int64_t cap = resolve_recv(tg.pd, r, dst, &ndst);
     if (cap < 0) {
       rq.consume();
-      return receive_fault(t, &wc, Fault::RecvProtection);
+      return receive_fault(tg, &wc, Fault::RecvProtection);
     }
     uint64_t need = len + (ud ? kGrhSize : 0);
     if (static_cast<uint64_t>(cap) < need) {
       rq.consume();
-      return receive_fault(t, &wc, Fault::RecvTooSmall);
+      return receive_fault(tg, &wc, Fault::RecvTooSmall);
     }
     if (ud) {
       uint8_t grh[kGrhSize];
@@ -184,16 +203,16 @@ Outcome deliver_receive(const wire::Request& req, Qp* t, bool payload, uint8_t r
   if (req.opcode == IBV_WR_SEND_WITH_INV) {
     // The data landed; then the named window of this QP goes (rxe's order). One that
     // cannot be invalidated fails the receive and the QP (IBA class J).
-    if (!MrTable::instance().invalidate(req.imm, t->pd, t->qpn(), true)) {
+    if (!MrTable::instance().invalidate(req.imm, tg.pd, t->qpn(), true)) {
       rq.consume();
-      return receive_fault(t, &wc, Fault::RemoteInvalidate);
+      return receive_fault(tg, &wc, Fault::RemoteInvalidate);
     }
     wc.invalidated_rkey = req.imm;  // host order (ibv_poll_cq(3))
     wc.wc_flags |= IBV_WC_WITH_INV;
   }
   wc.status = IBV_WC_SUCCESS;
   rq.consume();
-  cq_push(t->recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
+  cq_push(tg.recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 
@@ -220,7 +239,8 @@ Outcome respond(const wire::Request& req, Qp* t) {
     drain_window_locked(t);
   }
   const uint64_t len = req.length;
-  if (t->type != req.type) return {Outcome::NoResponse};
+  const bool xrc = t->type == IBV_QPT_XRC_RECV;
+  if (xrc ? req.type != IBV_QPT_XRC_SEND : t->type != req.type) return {Outcome::NoResponse};
   int st = t->state.load();
   if (st < IBV_QPS_RTR || st == IBV_QPS_ERR) return {Outcome::NoResponse};  // not listening
   TargetAttrs ta = target_attrs(t);
@@ -238,28 +258,39 @@ Outcome respond(const wire::Request& req, Qp* t) {
     }
   }
 
+  // XRC: the message names an XRC SRQ, which must be one of the TGT QP's domain (else
+  // the NAK an invalid request gets). It stays findable until we are done.
+  std::shared_lock xrc_srqs(xrc_srq_lock(), std::defer_lock);
+  Srq* xrc_srq = nullptr;
+  if (xrc) {
+    xrc_srqs.lock();
+    xrc_srq = find_xrc_srq_locked(req.xrc_srqn, t->xrc_domain.get());
+    if (!xrc_srq) return fault(t, Fault::RemoteInvalid);
+  }
+  const Target tg(t, xrc_srq);
+
   if (req.opcode == kWrFlush) return respond_flush(req, t, ta);  // not in the 44 enum
   switch (req.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
-      return deliver_receive(req, t, true, ta.min_rnr_timer);
+      return deliver_receive(req, tg, true, ta.min_rnr_timer);
     case IBV_WR_SEND_WITH_INV:
       if (t->type != IBV_QPT_RC) return fault(t, Fault::RemoteInvalid);
-      return deliver_receive(req, t, true, ta.min_rnr_timer);
+      return deliver_receive(req, tg, true, ta.min_rnr_timer);
 
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
       iovec dst{};
-      if (len && !resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, len,
+      if (len && !resolve_rkey(tg.pd, t->qpn(), req.rkey, req.remote_addr, len,
                                IBV_ACCESS_REMOTE_WRITE, &dst))
         return fault(t, Fault::RemoteAccess);
       if (req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         // The data must land before the receive completion says so; check for a receive
         // WQE first so that an RNR NAK leaves memory untouched.
-        RecvQueue probe(t);
+        RecvQueue probe(tg);
         if (probe.empty()) {
-          if (t->type != IBV_QPT_RC) return {Outcome::Ack};
+          if (!reliable(t)) return {Outcome::Ack};
           probe.add_waiter(req.src_qpn);
           return {Outcome::RnrNak, IBV_WC_SUCCESS, ta.min_rnr_timer};
         }
@@ -267,14 +298,14 @@ Outcome respond(const wire::Request& req, Qp* t) {
       if (len && !wire::copy_from_requester(req, &dst, 1, len)) return {Outcome::NoResponse};
       if (req.opcode == IBV_WR_RDMA_WRITE)
         return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
-      return deliver_receive(req, t, false, ta.min_rnr_timer);
+      return deliver_receive(req, tg, false, ta.min_rnr_timer);
     }
 
     case IBV_WR_RDMA_READ: {
-      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+      if (!reliable(t) || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
       if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(t, Fault::RemoteAccess);
       iovec src{};
-      if (len && !resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, len,
+      if (len && !resolve_rkey(tg.pd, t->qpn(), req.rkey, req.remote_addr, len,
                                IBV_ACCESS_REMOTE_READ, &src))
         return fault(t, Fault::RemoteAccess);
       if (len && !wire::copy_to_requester(req, &src, 1, len)) return {Outcome::NoResponse};
@@ -283,11 +314,11 @@ Outcome respond(const wire::Request& req, Qp* t) {
 
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+      if (!reliable(t) || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
       if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(t, Fault::RemoteAccess);
       if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
       iovec target{};
-      if (!resolve_rkey(t->pd, t->qpn(), req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC,
+      if (!resolve_rkey(tg.pd, t->qpn(), req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC,
                         &target))
         return fault(t, Fault::RemoteAccess);
       // The responder runs in the process that owns the memory: a real CPU atomic.

@@ -208,7 +208,10 @@ rw::Port& port() {
 struct RoceLink final : packet::Env {
   RoceLink(Qp* q)
       : qp(q), pq(*this, packet_type(q->type), q->source_qpn ? q->source_qpn : q->qpn(), q->sq_sig_all),
-        inline_ring(q->cap.max_send_wr + 1) {}
+        inline_ring(q->cap.max_send_wr + 1) {
+    if (q->type == IBV_QPT_XRC_SEND) pq.set_xrc(packet::XrcRole::kIni);
+    if (q->type == IBV_QPT_XRC_RECV) pq.set_xrc(packet::XrcRole::kTgt);
+  }
 
   Qp* qp;
   std::mutex mu;
@@ -235,6 +238,12 @@ struct RoceLink final : packet::Env {
   TmArrival tm_arrival;
   std::vector<std::array<uint8_t, kTmhBytes>> tm_fins = std::vector<std::array<uint8_t, kTmhBytes>>(256);
   uint64_t tm_fins_posted = 0;
+  // XRC TGT: the XRC SRQ the request being handled names (select_xrc_srq), valid while
+  // packet_to_qp holds xrc_srq_lock(); nullptr outside it.
+  Srq* xrc_srq = nullptr;
+  bool xrc_tgt() const { return qp->type == IBV_QPT_XRC_RECV; }
+  // The PD remote accesses are checked against: the XRC SRQ's for a TGT QP (IBA 9.x).
+  Pd* access_pd() const { return xrc_tgt() ? (xrc_srq ? xrc_srq->pd : nullptr) : qp->pd; }
 
   // ---- packet::Env -----------------------------------------------------------------------
   void send_packet(const rw::Packet& pkt, std::span<const packet::Iov> payload) override {
@@ -353,7 +362,8 @@ struct RoceLink final : packet::Env {
     if ((qp_access & static_cast<unsigned>(access)) != static_cast<unsigned>(access)) return {};
     iovec at{};
     const auto need = static_cast<unsigned>(access);
-    if (!softverbs::resolve_rkey(qp->pd, qp->qpn(), rkey, va, len, need, &at)) return {};
+    Pd* pd = access_pd();
+    if (!pd || !softverbs::resolve_rkey(pd, qp->qpn(), rkey, va, len, need, &at)) return {};
     return {static_cast<uint8_t*>(at.iov_base), true};
   }
 
@@ -361,23 +371,33 @@ struct RoceLink final : packet::Env {
     unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
                     ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
     if ((qp_access & need) != need) return false;  // the QP's flush access too (as rxe)
-    return flush_memory(qp->pd, rkey, va, len, type, level);
+    if (!access_pd()) return false;
+    return flush_memory(access_pd(), rkey, va, len, type, level);
   }
 
   bool invalidate_rkey(uint32_t rkey) override {
-    return MrTable::instance().invalidate(rkey, qp->pd, qp->qpn(), true);
+    return access_pd() && MrTable::instance().invalidate(rkey, access_pd(), qp->qpn(), true);
+  }
+
+  bool select_xrc_srq(uint32_t srqn) override {
+    xrc_srq = xrc_tgt() ? find_xrc_srq_locked(srqn, qp->xrc_domain.get()) : nullptr;
+    // Its CQ is fed from the wire from now on: an empty poll receives from the port.
+    if (xrc_srq) xrc_srq->xrc_cq->roce_fed.store(true, std::memory_order_relaxed);
+    return xrc_srq != nullptr;
   }
 
   std::optional<packet::RecvWqe> take_receive(std::span<const uint8_t> first) override {
+    Srq* srq = xrc_tgt() ? xrc_srq : qp->srq;
+    if (xrc_tgt() && !srq) return std::nullopt;
     // An SRQ's receives are not this QP's to flush when it fails.
-    if (qp->srq && pq.state() == IBV_QPS_ERR) return std::nullopt;
+    if (srq && pq.state() == IBV_QPS_ERR) return std::nullopt;
     // A TM-SRQ matches the SEND's first bytes (a flush, with none, takes nothing of it).
-    if (qp->srq && qp->srq->tm) {
+    if (srq && srq->tm) {
       if (first.empty()) return std::nullopt;
       return tm_take_receive(qp, first, &tm_arrival);
     }
-    QueueMutex& lock_mu = qp->srq ? qp->srq->mu : qp->rq_mu;
-    RingQueue<RecvWqe>& q = qp->srq ? qp->srq->rq : qp->rq;
+    QueueMutex& lock_mu = srq ? srq->mu : qp->rq_mu;
+    RingQueue<RecvWqe>& q = srq ? srq->rq : qp->rq;
     std::lock_guard<QueueMutex> lock(lock_mu);
     if (q.empty()) return std::nullopt;
     packet::RecvWqe r;
@@ -387,7 +407,7 @@ struct RoceLink final : packet::Env {
       iovec at{};
       // A buffer that fails its key check holds nothing: the message does not fit it, and
       // the receive completes with IBV_WC_LOC_PROT_ERR (as on the same host).
-      if (!resolve_sge(qp->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &at)) {
+      if (!resolve_sge(srq ? srq->pd : qp->pd, s.lkey, s.addr, s.length, IBV_ACCESS_LOCAL_WRITE, &at)) {
         r.sg.clear();
         r.key_error = true;
         break;
@@ -395,7 +415,7 @@ struct RoceLink final : packet::Env {
       r.sg.push_back({static_cast<uint8_t*>(at.iov_base), static_cast<uint32_t>(at.iov_len)});
     }
     q.pop_front();
-    if (Srq* srq = qp->srq; srq && srq->limit && q.size() < srq->limit) {
+    if (srq && srq->limit && q.size() < srq->limit) {
       srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
       raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
     }
@@ -426,7 +446,13 @@ struct RoceLink final : packet::Env {
       wc.opcode = {};
       wc.byte_len = wc.imm_data = wc.src_qp = wc.wc_flags = 0;
     }
-    cq_push(queue == packet::WorkQueue::kSend ? qp->send_cq : qp->recv_cq, wc, c.solicited);
+    Cq* cq = queue == packet::WorkQueue::kSend ? qp->send_cq : qp->recv_cq;
+    // XRC TGT: a receive completes on its XRC SRQ's CQ, with the TGT QP's number.
+    if (xrc_tgt() && queue == packet::WorkQueue::kRecv) {
+      if (!xrc_srq) return;
+      cq = xrc_srq->xrc_cq;
+    }
+    cq_push(cq, wc, c.solicited);
   }
 
   void raise_event(ibv_event_type type) override {
@@ -636,10 +662,14 @@ void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
   bool ud = qp->type == IBV_QPT_UD;
   if (ud) ud_grh(d, pkt.payload_len, grh);
   std::shared_lock keys(MrTable::instance().lock());
+  // XRC TGT: the XRC SRQs stay while the packet is handled (keys, SRQ table, link).
+  std::shared_lock xrc_srqs(xrc_srq_lock(), std::defer_lock);
+  if (qp->type == IBV_QPT_XRC_RECV) xrc_srqs.lock();
   std::lock_guard<std::mutex> lock(link->mu);
   // A connected QP hears only its peer.
   if (!ud && std::memcmp(link->dgid.raw, d.src.bytes.data(), 16) != 0) return;
   link->pq.on_packet(pkt, ud ? grh : nullptr);
+  link->xrc_srq = nullptr;
   link->sync_error();
 }
 
@@ -752,6 +782,7 @@ bool roce_post(Qp* qp, SendWqe& w) {
   }
   p.remote_qpn = multicast ? packet::kMulticastQpn : w.remote_qpn;
   p.remote_qkey = w.remote_qkey;
+  p.xrc_srqn = w.xrc_srqn;
   if (w.total_length > kMaxMsgSize)
     return complete(qp, w, {Outcome::Error, fault_rule(Fault::LocalLength).requester_status}, st);
   if (is_local_op(w.opcode)) {

@@ -291,8 +291,9 @@ std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* loca
 bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
   bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
   if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
-  if (qp->type == IBV_QPT_UD || qp->send_path.route != wire::Route::Shm ||
-      !Device::instance().port_active())
+  // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).
+  if ((qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
+      qp->send_path.route != wire::Route::Shm || !Device::instance().port_active())
     return false;
   if (send ? len > wire::kWindowPayload : len == 0 || len > kMaxMsgSize) return false;
   wire::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);

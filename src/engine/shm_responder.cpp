@@ -73,7 +73,7 @@ uint32_t receive_capacity(Qp* t, RecvWqe& r) {
 
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   wire::Arena* arena = wire::Arena::self();
-  if (!arena || t->srq || t->type == IBV_QPT_UD || !t->recv_cq->shared_offset) return 0;
+  if (!arena || t->srq || (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset) return 0;
   {
     std::lock_guard<std::mutex> lock(t->attr_mu);
     if (t->attr.dest_qp_num != peer_qpn) return 0;

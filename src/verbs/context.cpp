@@ -148,6 +148,7 @@ ibv_context* open_context(ibv_device* dev, int import_fd) {
 }
 
 int close_context(Context* ctx) {
+  free_tgt_resources(ctx);  // XRC TGT QPs' hidden PD and CQ (verbs/xrc.cpp)
   sweep_unimported_pds();  // the objects on them are gone by now, if the program freed them
   unregister_context(ctx);
   ::close(ctx->cmd_fd);

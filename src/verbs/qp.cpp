@@ -117,6 +117,19 @@ void reset_queues(Qp* qp) {
 }
 
 bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
+  if (type == IBV_QPT_XRC_RECV) return false;  // a TGT QP has no send queue
+  // An XRC INI QP has RC's operations (XRC has opcodes for them, IBA 9.x); memory windows
+  // and invalidation are not offered on it.
+  if (type == IBV_QPT_XRC_SEND) {
+    switch (op) {
+      case IBV_WR_SEND: case IBV_WR_SEND_WITH_IMM: case IBV_WR_RDMA_WRITE:
+      case IBV_WR_RDMA_WRITE_WITH_IMM: case IBV_WR_RDMA_READ: case IBV_WR_ATOMIC_CMP_AND_SWP:
+      case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        return true;
+      default:
+        return false;
+    }
+  }
   switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
@@ -179,6 +192,7 @@ int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total) {
   }
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
+  if (qp->type == IBV_QPT_XRC_SEND && wr->qp_type.xrc.remote_srqn > 0xffffff) return EINVAL;
   uint64_t sum = 0;
   for (int i = 0; i < wr->num_sge; ++i) sum += wr->sg_list[i].length;
   *total = sum;
@@ -212,6 +226,7 @@ int build_send_wqe(Qp* qp, const ibv_send_wr* wr, uint64_t total, SendWqe* w, co
   w->flags = wr->send_flags;
   w->imm = wr->imm_data;
   w->total_length = total;
+  if (qp->type == IBV_QPT_XRC_SEND) w->xrc_srqn = wr->qp_type.xrc.remote_srqn;
   if (wr->opcode == IBV_WR_BIND_MW) {
     // Type 2 only: a type 1 window is bound by ibv_bind_mw (IBA 10.6.7.2).
     if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2) return EINVAL;
@@ -330,11 +345,23 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   Cq* scq = Cq::from(init->send_cq);
   Cq* rcq = Cq::from(init->recv_cq);
   Srq* srq = init->srq ? Srq::from(init->srq) : nullptr;
-  if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD) {
+  if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD &&
+      init->qp_type != IBV_QPT_XRC_SEND && init->qp_type != IBV_QPT_XRC_RECV) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
   ibv_qp_cap& cap = init->cap;
+  // An XRC INI QP sends only: no receive queue, SRQ or receive CQ (its receive caps are 0,
+  // as ibv_create_qp_ex reports them); its completions are send completions.
+  const bool xrc_ini = init->qp_type == IBV_QPT_XRC_SEND;
+  if (xrc_ini) {
+    if (init->srq) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    rcq = scq;
+    cap.max_recv_wr = cap.max_recv_sge = 0;
+  }
   if (!scq || !rcq || scq->ctx != ctx || rcq->ctx != ctx || (init->srq && !srq) ||
       (srq && srq->ctx != ctx) || cap.max_send_wr > uint32_t(device_limits().max_qp_wr) ||
       (!srq && cap.max_recv_wr > uint32_t(device_limits().max_qp_wr)) || cap.max_send_sge > Limits::max_sge ||
@@ -359,7 +386,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   cap.max_send_wr = std::max<uint32_t>(cap.max_send_wr, 1);
   cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
   cap.max_inline_data = std::max<uint32_t>(cap.max_inline_data, kDefaultInline);
-  if (srq) {
+  if (srq || xrc_ini) {
     cap.max_recv_wr = 0;
     cap.max_recv_sge = 0;
   } else {
@@ -385,7 +412,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   q->qp_context = init->qp_context;
   q->pd = &pd->ibv;
   q->send_cq = init->send_cq;
-  q->recv_cq = init->recv_cq;
+  q->recv_cq = xrc_ini ? nullptr : init->recv_cq;
   q->srq = init->srq;
   q->qp_type = init->qp_type;
   q->state = IBV_QPS_RESET;
@@ -407,6 +434,12 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
 }
 
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
+  if (qp->xrc_remote_slot) return modify_remote_tgt(qp, attr, mask);
+  if (Qp* tgt = qp->xrc_opened_from) {  // an opened TGT QP handle: the QP itself
+    int err = modify_qp(tgt, attr, mask);
+    qp->qp()->state = static_cast<ibv_qp_state>(tgt->state.load());
+    return err;
+  }
   auto cur = static_cast<ibv_qp_state>(qp->state.load());
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur &&
       !(cur == IBV_QPS_SQE && attr->cur_qp_state == IBV_QPS_RTS))
@@ -451,6 +484,13 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
 }
 
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
+  if (qp->xrc_remote_slot) return query_remote_tgt(qp, attr, init);
+  if (Qp* tgt = qp->xrc_opened_from) {
+    int err = query_qp(tgt, attr, mask, init);
+    if (init) init->qp_context = qp->qp()->qp_context;
+    qp->qp()->state = attr->qp_state;
+    return err;
+  }
   (void)mask;
   {
     std::lock_guard<std::mutex> lock(qp->attr_mu);
@@ -460,7 +500,8 @@ int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
   attr->qp_state = st;
   attr->cur_qp_state = st;
   attr->cap = qp->cap;
-  if (qp->srq) attr->cap.max_recv_wr = attr->cap.max_recv_sge = 0;
+  if (qp->srq || qp->type == IBV_QPT_XRC_SEND) attr->cap.max_recv_wr = attr->cap.max_recv_sge = 0;
+  if (qp->type == IBV_QPT_XRC_RECV) attr->cap = {};
   attr->path_mig_state = IBV_MIG_MIGRATED;
   if (st == IBV_QPS_SQD) {
     std::lock_guard<QueueMutex> lock(qp->sq_mu);
@@ -514,6 +555,25 @@ int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
 bool claim_gsi(Qp* qp) { return engine::roce_claim_gsi(qp); }
 
 int destroy_qp(Qp* qp) {
+  if (qp->xrc_remote_slot) {
+    destroy_remote_tgt(qp);
+    return 0;
+  }
+  if (qp->type == IBV_QPT_XRC_RECV) {
+    // A TGT QP lives until its last handle goes (ibv_open_qp(3)).
+    Qp* tgt = qp->xrc_opened_from ? qp->xrc_opened_from : qp;
+    bool last = release_tgt_handle(qp);
+    if (qp != tgt) free_opened_handle(qp);
+    if (!last) {
+      // The creator's handle goes, the QP stays: its events handed out are acked first,
+      // as for any destroyed QP (none are posted to it any more).
+      if (qp == tgt)
+        wait_acked(&qp->qp()->mutex, &qp->qp()->cond, &qp->qp()->events_completed,
+                   &qp->events_reported);
+      return 0;
+    }
+    qp = tgt;
+  }
   {
     // A destroyed QP leaves its groups, as the kernel detaches it.
     std::lock_guard<std::mutex> lock(qp->attr_mu);
@@ -540,6 +600,7 @@ int destroy_qp(Qp* qp) {
   qp->send_cq->users--;
   qp->recv_cq->users--;
   if (qp->srq) qp->srq->users--;
+  if (qp->xrcd) qp->xrcd->users--;
   engine::drop_peer_window(qp);
   tally_destroyed_qp(*qp);
   pthread_mutex_destroy(&q->mutex);
@@ -642,7 +703,7 @@ int post_send_batch(Qp* qp) {
 }
 
 int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  if (qp->srq) {
+  if (qp->srq || qp->type == IBV_QPT_XRC_SEND || qp->type == IBV_QPT_XRC_RECV) {
     if (bad) *bad = wr;
     return EINVAL;
   }
@@ -739,11 +800,11 @@ ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* ex) {
     }
     return create_tm_srq(pd, cq, ex);
   }
-  // XRC SRQs wait for XRC domains; tag matching is not implemented.
-  if (type != IBV_SRQT_BASIC || (ex->comp_mask & IBV_SRQ_INIT_ATTR_TM)) {
+  if ((type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) || (ex->comp_mask & IBV_SRQ_INIT_ATTR_TM)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
+  if (type == IBV_SRQT_XRC) return create_xrc_srq(ctx, ex);
   // A basic SRQ has no XRC domain or CQ: those attributes are ignored, as the kernel does.
   Pd* pd = (ex->comp_mask & IBV_SRQ_INIT_ATTR_PD) ? Pd::from(ex->pd) : nullptr;
   if (!pd || pd->ctx != ctx) {
@@ -780,6 +841,7 @@ int query_srq(Srq* srq, ibv_srq_attr* attr) {
 
 int destroy_srq(Srq* srq) {
   if (srq->users.load() != 0) return EBUSY;
+  forget_xrc_srq(srq);  // an XRC SRQ: no responder finds it any more
   drop_async_events_of(srq->ctx, EventElement::Srq, &srq->ibv);
   wait_acked(&srq->ibv.mutex, &srq->ibv.cond, &srq->ibv.events_completed, &srq->events_reported);
   {

@@ -298,8 +298,17 @@ void wr_set_ud_addr(ibv_qp_ex* q, ibv_ah* ah, uint32_t remote_qpn, uint32_t remo
   e->wr.wr.ud.remote_qkey = remote_qkey;
 }
 
-// XRC is not implemented: no QP can be an XRC INI QP, so a batch naming an SRQ fails.
-void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t) { latch(qp_of(q)->ex, EOPNOTSUPP); }
+// The remote XRC SRQ of the WR being built (XRC INI QPs only).
+void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t remote_srqn) {
+  ExWr* e = current_wr(q);
+  if (!e) return;
+  // Only an XRC INI QP has it (like any op a QP was not made for: EOPNOTSUPP).
+  if (qp_of(q)->type != IBV_QPT_XRC_SEND || remote_srqn > 0xffffff) {
+    latch(qp_of(q)->ex, qp_of(q)->type != IBV_QPT_XRC_SEND ? EOPNOTSUPP : EINVAL);
+    return;
+  }
+  e->wr.qp_type.xrc.remote_srqn = remote_srqn;
+}
 
 // The ops the QP was not created for: the batch fails (rdma-core leaves them NULL; we never
 // leave a slot the inline wrappers call unchecked empty).
@@ -320,6 +329,13 @@ bool device_has(unsigned flag) {
 
 int check_send_ops_flags(ibv_qp_type type, uint64_t flags) {
   uint64_t ok = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  // An XRC INI QP: RC's sends, writes, reads and atomics (no IBA 1.5 operations, no windows).
+  if (type == IBV_QPT_XRC_SEND) {
+    ok |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+          IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+          IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    return (flags & ~ok) ? EOPNOTSUPP : 0;
+  }
   if (type == IBV_QPT_RC || type == IBV_QPT_UC)
     ok |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
   if (type == IBV_QPT_RC)

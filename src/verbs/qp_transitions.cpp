@@ -11,11 +11,19 @@ namespace {
 
 struct Rule {
   bool valid = false;
-  int req[3] = {0, 0, 0};  // per type: RC, UC, UD
-  int opt[3] = {0, 0, 0};
+  int req[5] = {0, 0, 0, 0, 0};  // per type: RC, UC, UD, XRC INI (XRC_SEND), XRC TGT (XRC_RECV)
+  int opt[5] = {0, 0, 0, 0, 0};
 };
 
-int type_index(ibv_qp_type t) { return t == IBV_QPT_RC ? 0 : t == IBV_QPT_UC ? 1 : 2; }
+int type_index(ibv_qp_type t) {
+  switch (t) {
+    case IBV_QPT_RC: return 0;
+    case IBV_QPT_UC: return 1;
+    case IBV_QPT_XRC_SEND: return 3;
+    case IBV_QPT_XRC_RECV: return 4;
+    default: return 2;
+  }
+}
 
 constexpr int PKEY = IBV_QP_PKEY_INDEX, PORT = IBV_QP_PORT, ACCESS = IBV_QP_ACCESS_FLAGS,
               QKEY = IBV_QP_QKEY, AV = IBV_QP_AV, MTU = IBV_QP_PATH_MTU,
@@ -32,24 +40,38 @@ struct Table {
       r[s][IBV_QPS_RESET].valid = true;
       r[s][IBV_QPS_ERR].valid = true;
     }
-    set(IBV_QPS_RESET, IBV_QPS_INIT, {PKEY | PORT | ACCESS, PKEY | PORT | ACCESS, PKEY | PORT | QKEY},
-        {0, 0, 0});
-    set(IBV_QPS_INIT, IBV_QPS_INIT, {0, 0, 0},
-        {PKEY | PORT | ACCESS, PKEY | PORT | ACCESS, PKEY | PORT | QKEY});
+    // XRC columns as the kernel's qp_state_table has them.
+    set(IBV_QPS_RESET, IBV_QPS_INIT,
+        {PKEY | PORT | ACCESS, PKEY | PORT | ACCESS, PKEY | PORT | QKEY, PKEY | PORT | ACCESS,
+         PKEY | PORT | ACCESS},
+        {0, 0, 0, 0, 0});
+    set(IBV_QPS_INIT, IBV_QPS_INIT, {0, 0, 0, 0, 0},
+        {PKEY | PORT | ACCESS, PKEY | PORT | ACCESS, PKEY | PORT | QKEY, PKEY | PORT | ACCESS,
+         PKEY | PORT | ACCESS});
     set(IBV_QPS_INIT, IBV_QPS_RTR,
-        {AV | MTU | DQPN | RQPSN | DRD | RNRT, AV | MTU | DQPN | RQPSN, 0},
-        {ALT | ACCESS | PKEY, ALT | ACCESS | PKEY, PKEY | QKEY});
-    set(IBV_QPS_RTR, IBV_QPS_RTS, {SQPSN | TIMEOUT | RETRY | RNRR | RD, SQPSN, SQPSN},
-        {CUR | ALT | ACCESS | RNRT | MIG, CUR | ALT | ACCESS | MIG, CUR | QKEY});
-    set(IBV_QPS_RTS, IBV_QPS_RTS, {0, 0, 0},
-        {CUR | ACCESS | ALT | MIG | RNRT, CUR | ACCESS | ALT | MIG, CUR | QKEY});
-    set(IBV_QPS_RTS, IBV_QPS_SQD, {0, 0, 0}, {SQD_NOTIFY, SQD_NOTIFY, SQD_NOTIFY});
-    set(IBV_QPS_SQD, IBV_QPS_RTS, {0, 0, 0},
-        {CUR | ALT | ACCESS | MIG | RNRT, CUR | ALT | ACCESS | MIG, CUR | QKEY});
-    set(IBV_QPS_SQD, IBV_QPS_SQD, {0, 0, 0},
+        {AV | MTU | DQPN | RQPSN | DRD | RNRT, AV | MTU | DQPN | RQPSN, 0,
+         AV | MTU | DQPN | RQPSN, AV | MTU | DQPN | RQPSN | DRD | RNRT},
+        {ALT | ACCESS | PKEY, ALT | ACCESS | PKEY, PKEY | QKEY, ALT | ACCESS | PKEY,
+         ALT | ACCESS | PKEY});
+    set(IBV_QPS_RTR, IBV_QPS_RTS,
+        {SQPSN | TIMEOUT | RETRY | RNRR | RD, SQPSN, SQPSN, SQPSN | TIMEOUT | RETRY | RNRR | RD,
+         SQPSN | TIMEOUT},
+        {CUR | ALT | ACCESS | RNRT | MIG, CUR | ALT | ACCESS | MIG, CUR | QKEY,
+         CUR | ALT | ACCESS | MIG, CUR | ALT | ACCESS | RNRT | MIG});
+    set(IBV_QPS_RTS, IBV_QPS_RTS, {0, 0, 0, 0, 0},
+        {CUR | ACCESS | ALT | MIG | RNRT, CUR | ACCESS | ALT | MIG, CUR | QKEY,
+         CUR | ACCESS | ALT | MIG, CUR | ACCESS | ALT | MIG | RNRT});
+    set(IBV_QPS_RTS, IBV_QPS_SQD, {0, 0, 0, 0, 0},
+        {SQD_NOTIFY, SQD_NOTIFY, SQD_NOTIFY, SQD_NOTIFY, SQD_NOTIFY});
+    set(IBV_QPS_SQD, IBV_QPS_RTS, {0, 0, 0, 0, 0},
+        {CUR | ALT | ACCESS | MIG | RNRT, CUR | ALT | ACCESS | MIG, CUR | QKEY,
+         CUR | ALT | ACCESS | MIG, CUR | ALT | ACCESS | MIG | RNRT});
+    set(IBV_QPS_SQD, IBV_QPS_SQD, {0, 0, 0, 0, 0},
         {PORT | AV | TIMEOUT | RETRY | RNRR | RD | DRD | ALT | ACCESS | PKEY | RNRT | MIG,
-         AV | ALT | ACCESS | PKEY | MIG, PKEY | QKEY});
-    set(IBV_QPS_SQE, IBV_QPS_RTS, {0, 0, 0}, {0, CUR | ACCESS, CUR | QKEY});
+         AV | ALT | ACCESS | PKEY | MIG, PKEY | QKEY,
+         PORT | AV | TIMEOUT | RETRY | RNRR | RD | ALT | ACCESS | PKEY | MIG,
+         PORT | AV | TIMEOUT | DRD | ALT | ACCESS | PKEY | RNRT | MIG});
+    set(IBV_QPS_SQE, IBV_QPS_RTS, {0, 0, 0, 0, 0}, {0, CUR | ACCESS, CUR | QKEY, 0, 0});
   }
   void set(int cur, int next, std::initializer_list<int> req, std::initializer_list<int> opt) {
     Rule& rule = r[cur][next];
@@ -69,8 +91,9 @@ int check_modify_mask(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int
     return EINVAL;
   const Rule& rule = table.r[cur][next];
   if (!rule.valid) return EINVAL;
-  // SQE is a UC/UD state: an RC QP neither enters nor leaves it.
-  if (type == IBV_QPT_RC && (next == IBV_QPS_SQE || (cur == IBV_QPS_SQE && next == IBV_QPS_RTS)))
+  // SQE is a UC/UD state: an RC or XRC QP neither enters nor leaves it.
+  const bool reliable = type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV;
+  if (reliable && (next == IBV_QPS_SQE || (cur == IBV_QPS_SQE && next == IBV_QPS_RTS)))
     return EINVAL;
   int t = type_index(type);
   int given = mask & ~IBV_QP_STATE;

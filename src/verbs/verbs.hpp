@@ -148,6 +148,24 @@ int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // ibv_create_srq_ex: a basic SRQ (XRC and tag-matching SRQs: EOPNOTSUPP).
 ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* attr);
 
+// XRC (verbs/xrc.cpp): domains, XRC SRQs, TGT QPs and their opened handles.
+ibv_xrcd* open_xrcd(Context* ctx, const ibv_xrcd_init_attr* attr);
+int close_xrcd(Xrcd* xrcd);
+void close_xrcd_domain(const std::shared_ptr<XrcDomain>& domain);
+ibv_srq* create_xrc_srq(Context* ctx, ibv_srq_init_attr_ex* attr);
+void forget_xrc_srq(Srq* srq);  // destroy_srq: no message can reach it after this
+int get_srq_num(Srq* srq, uint32_t* num);
+ibv_qp* create_xrc_tgt_qp(Context* ctx, ibv_qp_init_attr_ex* attr);
+ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr);
+// Destroying a TGT QP handle: true when it was the QP's last (the QP goes now).
+bool release_tgt_handle(Qp* handle);
+void free_opened_handle(Qp* handle);
+void free_tgt_resources(Context* ctx);  // close_context
+// A handle on a TGT QP of another process (Qp::xrc_remote_slot): through its agent.
+int modify_remote_tgt(Qp* handle, ibv_qp_attr* attr, int mask);
+int query_remote_tgt(Qp* handle, ibv_qp_attr* attr, ibv_qp_init_attr* init);
+void destroy_remote_tgt(Qp* handle);
+
 // QP
 ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask);

@@ -43,6 +43,7 @@ struct Request {
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint32_t qkey = 0;  // UD: the effective Q_Key
+  uint32_t xrc_srqn = 0;  // XRC (type IBV_QPT_XRC_SEND): the XRC SRQ it lands in (XRCETH)
   // Atomics' operands; ATOMIC_WRITE: compare_add is the 8 bytes; FLUSH: compare_add the
   // placement type, swap the selectivity level, length the range (common/verbs_ext.hpp).
   uint64_t compare_add = 0;

@@ -905,6 +905,11 @@ static const union ibv_gid *traded_gid_of(const struct ibv_qp *qp)
 	return NULL;
 }
 
+const union ibv_gid *sv_peer_gid(const struct ibv_qp *qp)
+{
+	return traded_gid_of(qp);
+}
+
 void sv_trade_gid(int sock, const struct ibv_qp *qp)
 {
 	if (!sv_peer_on_other_host())

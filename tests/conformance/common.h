@@ -337,6 +337,8 @@ int sv_peer_on_other_host(void);
  * peer over sock and remembers the peer's as qp's destination GID for sv_modify_rtr. The
  * trade functions below do it themselves; call it after trading QPNs any other way. */
 void sv_trade_gid(int sock, const struct ibv_qp *qp);
+/* The GID traded for qp by sv_trade_gid, or NULL (a peer on this host). */
+const union ibv_gid *sv_peer_gid(const struct ibv_qp *qp);
 /* Trades QP numbers with the peer over sock (ours first); returns the peer's. */
 uint32_t sv_trade_qpn(int sock, const struct ibv_qp *qp);
 /* What a peer needs to reach our QP and our MR. */

@@ -25,13 +25,14 @@ static int hear(void) { return sv_hear(sock); }
 struct wire_request {
 	uint32_t magic, kind, src_qpn, dst_qpn, type, opcode, flags, imm, rkey, qkey, niov;
 	uint32_t copy_mode;
+	uint32_t xrc_srqn, reserved;
 	uint64_t remote_addr, compare_add, swap, length;
 	uint8_t sgid[16], dgid[16];
 	struct {
 		uint64_t addr, len;
 	} iov[33];
 };
-_Static_assert(sizeof(struct wire_request) == 640, "WireRequest changed");
+_Static_assert(sizeof(struct wire_request) == 648, "WireRequest changed");
 #define WIRE_MAGIC 0x53565731u
 #define WIRE_EXECUTE 1
 #define WIRE_THROUGH_SOCKET 1

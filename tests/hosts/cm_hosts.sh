@@ -8,7 +8,8 @@
 # with REJ reason 8 at once), trace (rping with `softverbs trace` on A: the CM's MADs on
 # the wire, dissected by tshark), forwarded (rping while an ibv_ud_pingpong pair, which
 # runs no CM, holds UDP 4791 with the lowest slot on both hosts: QP1's datagrams reach the
-# rdma_cm process through it, decision 0007), rdma_server, rdma_xserver (its RC mode),
+# rdma_cm process through it, decision 0007), rdma_server, rdma_xserver (its RC mode and,
+# as rdma_xserver-xrc, its XRC mode),
 # cmtime COUNT (COUNT connections at once), rstream [OPTIONS] (rsockets: kernel TCP, see
 # docs/rdma-cm.md), perftest PROG [OPTIONS] (PROG -R OPTIONS), rpma RPMA_PAIR
 # (tests/rpma), pyverbs (rdma-core's test_rdmacm, the passive side of each test on B:
@@ -37,6 +38,7 @@ PAIR_READY=cm-b
 cm_ps=106
 pair_ready() {
   case $PAIR_READY in
+    cm-b-ib) SOFTVERBS_STATE_DIR=$HOST_B_STATE in_host B bash -c "$(declare -f cm_listening); cm_listening $1 13f" ;;
     cm-b) SOFTVERBS_STATE_DIR=$HOST_B_STATE in_host B bash -c "$(declare -f cm_listening); cm_listening $1 $cm_ps" ;;
     cm-a) SOFTVERBS_STATE_DIR=$HOST_A_STATE in_host A bash -c "$(declare -f cm_listening); cm_listening $1 $cm_ps" ;;
     tcp-b) [[ -n $(in_host B ss -Hltn "sport = :$1") ]] ;;
@@ -81,9 +83,15 @@ case $case_name in
     client=("${tr_a[@]}" udaddy -s "$b" -C "$count")
     ;;
   rdma_server | rdma_xserver)
-    # rdma_xserver's default is RC (-c r); its XRC mode (-c x) needs XRC QPs.
+    # rdma_xserver's default is RC (-c r); rdma_xserver-xrc is its XRC mode (-c x).
     server=("${sv_b[@]}" "$case_name" -p "$port")
     client=("${tr_a[@]}" "${case_name/server/client}" -s "$b" -p "$port")
+    ;;
+  rdma_xserver-xrc)
+    # XRC: the REQ says transport type 3 (extended) with extended type 1, port space IB.
+    PAIR_READY=cm-b-ib
+    server=("${sv_b[@]}" rdma_xserver -c x -p "$port")
+    client=("${tr_a[@]}" rdma_xclient -c x -s "$b" -p "$port")
     ;;
   one-host)
     # Both on A, through A's veth address: the same-host path (shared memory), no RoCE.
@@ -211,11 +219,28 @@ case $case_name in
       check "$side: return status 0" "side_has $side '^return status 0'"
     done
     ;;
-  rdma_server | rdma_xserver | one-host)
+  rdma_server | rdma_xserver | rdma_xserver-xrc | one-host)
     check "server exited 0" '((srv_rc == 0))'
     check "client exited 0" '((cli_rc == 0))'
     check "server ended with 0" "side_has srv ': end 0\$'"
     check "client ended with 0" "side_has cli ': end 0\$'"
+    if [[ $case_name == rdma_xserver-xrc ]] && command -v tshark >/dev/null; then
+      # The wire (IBA 9.x, rxe_hdr.h): the client's message is an XRC SEND ONLY (0xA4) whose
+      # first 4 bytes after the BTH are the XRCETH: 8 reserved zero bits and the server's
+      # XRC SRQ number; the server answers with an XRC ACKNOWLEDGE (0xB1). Wireshark 4.0
+      # names the XRC opcodes but shows the XRCETH as the start of "unknown" data.
+      run tshark --disable-protocol rpcordma -r "$pcap" -Y 'infiniband.bth.opcode == 164' \
+        -T fields -e infiniband.vendor
+      check "A sent an XRC SEND ONLY whose XRCETH names an SRQ (00 + 24 bits, not 0)" \
+        '[[ $out =~ ^00([0-9a-f]{6}) && ${BASH_REMATCH[1]} != 000000 ]]'
+      run tshark --disable-protocol rpcordma -r "$pcap" -Y 'infiniband.bth.opcode == 177' -T fields -e frame.number
+      check "B answered with an XRC ACKNOWLEDGE" '[[ -n $out ]]'
+      run tshark --disable-protocol rpcordma -r "$pcap" -Y 'infiniband.bth.opcode == 164' -V
+      check "tshark names it: Extended Reliable Connection (XRC) - SEND Only" \
+        "[[ \$out == *'Extended Reliable Connection (XRC) - SEND Only'* ]]"
+      run python3 "$(dirname "$0")/garbage.py" --self-test "$pcap"
+      check "every captured ICRC is right (garbage.py --self-test)" '((rc == 0))'
+    fi
     ;;
   cmtime)
     check "client exited 0" '((cli_rc == 0))'

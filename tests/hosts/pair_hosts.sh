@@ -90,7 +90,13 @@ for side in srv cli; do
   own=$([[ $side == srv ]] && echo "$srv_gid" || echo "$cli_gid")
   peer=$([[ $side == srv ]] && echo "$cli_gid" || echo "$srv_gid")
   check "$name exited 0" "((${side}_rc == 0))"
-  if ((perftest)); then
+  if [[ $prog == ibv_xsrq_pingpong ]]; then
+    # "   local: LID 0000, QPN RECV 004001 SEND 004002, PSN 1a2b3c, SRQN 004001, GID ::ffff:..."
+    xaddr='LID 0000, QPN RECV [0-9a-f]{6} SEND [0-9a-f]{6}, PSN [0-9a-f]{6}, SRQN [0-9a-f]{6}, GID'
+    check "$name's local address carries its GID $own" "side_has $side '^ +local: $xaddr ${own//./\\.}\$'"
+    check "$name learnt the peer's GID $peer" "side_has $side '^ +remote: $xaddr ${peer//./\\.}\$'"
+    check "$name reports success" "side_has $side '^success\$'"
+  elif ((perftest)); then
     index=$([[ $side == srv ]] && echo "$srv_index" || echo "$cli_index")
     check "$name used GID index $index" "side_has $side '^ GID index +: $index\$'"
     check "$name's local address carries its GID $own" \
@@ -107,7 +113,7 @@ for side in srv cli; do
     check "$name saw no corrupted payload" "! side_has $side 'invalid data'"
   fi
 done
-((perftest)) || check_timestamps "${options[@]}"
+((perftest)) || [[ $prog == ibv_xsrq_pingpong ]] || check_timestamps "${options[@]}"
 ((perftest)) &&
   check "client reports a result line for $iters iterations" \
     "side_has cli '^[[:space:]]*[0-9]+[[:space:]]+${iters}[[:space:]]+[^[:space:]]'"

@@ -4,8 +4,10 @@
 #   cm.sh SOFTVERBS PORT LIMIT CASE
 # CASE: rping, rping-q (the application makes its own QP), ucmatose (4 connections),
 # ucmatose-migrate (rdma_migrate_id to a new channel, TOS and ACK timeout options), udaddy,
-# rdma_server, rdma_xserver, cmtime, cmtime-2000 (2,000 connections at once: more than a
-# listener's socket backlog, so some connects wait and are retried), rstream, mckey (a multicast receiver and a sender), or
+# rdma_server, rdma_xserver (RC), rdma_xserver-xrc (-c x: XRC INI and TGT QPs, an XRC SRQ,
+# port space IB), cmtime, cmtime-2000 (2,000 connections at once: more than a listener's
+# socket backlog, so some connects wait and are retried), rstream, mckey (a multicast
+# receiver and a sender), or
 # no-listener (a client alone: REJECTED fast).
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
 source "$(dirname "$0")/lib.sh"
@@ -44,6 +46,11 @@ case $case_name in
     cli_prog=${case_name/server/client}
     server=("${sv[@]}" "$case_name" -p "$port")
     client=("${sv[@]}" "$cli_prog" -s 127.0.0.1 -p "$port")
+    ;;
+  rdma_xserver-xrc)
+    PAIR_READY=cm-ib
+    server=("${sv[@]}" rdma_xserver -c x -p "$port")
+    client=("${sv[@]}" rdma_xclient -c x -s 127.0.0.1 -p "$port")
     ;;
   cmtime | cmtime-2000)
     # The server serves forever (rdma-core 44): it is stopped once the client is done.
@@ -111,7 +118,7 @@ case $case_name in
         "side_has srv '^migrating to new event channel' && side_has cli '^migrating to new event channel'"
     fi
     ;;
-  rdma_server | rdma_xserver)
+  rdma_server | rdma_xserver | rdma_xserver-xrc)
     check "server exited 0" '((srv_rc == 0))'
     check "client exited 0" '((cli_rc == 0))'
     check "server ended with 0" "side_has srv ': end 0\$'"

@@ -52,7 +52,7 @@ listening() {
 }
 
 # cm_listening PORT PS: a softverbs rdma_cm listener holds PORT in port space PS (106 TCP,
-# 111 UDP, in hex as in the name): an abstract unix socket "@softverbs-cm-HOST-PS-PORT",
+# 111 UDP, 13f IB, in hex as in the name): an abstract unix socket "@softverbs-cm-HOST-PS-PORT",
 # where HOST is the FNV-1a hash of the state directory (src/common/cm_port_name.cpp).
 cm_listening() {
   local host
@@ -65,13 +65,14 @@ print(f"{h:016x}")' "$SOFTVERBS_STATE_DIR")
 }
 
 # pair_ready PORT: the server is ready for its client. PAIR_READY says how to tell: tcp (a
-# TCP listener, the default), cm-tcp or cm-udp (an rdma_cm listener in that port space),
+# TCP listener, the default), cm-tcp, cm-udp or cm-ib (an rdma_cm listener in that port space),
 # mcast (some QP of this state directory is attached to a multicast group).
 PAIR_READY=${PAIR_READY:-tcp}
 pair_ready() {
   case $PAIR_READY in
     cm-tcp) cm_listening "$1" 106 ;;
     cm-udp) cm_listening "$1" 111 ;;
+    cm-ib) cm_listening "$1" 13f ;;
     mcast) compgen -G "$SOFTVERBS_STATE_DIR/mcast/*.??????" >/dev/null ;;
     *) listening "$1" ;;
   esac

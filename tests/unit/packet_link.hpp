@@ -62,6 +62,13 @@ class Node : public pk::Env {
   // SEND_WITH_INV: the keys this node lets a peer invalidate (each once).
   bool invalidate_rkey(uint32_t rkey) override { return invalidatable.erase(rkey) == 1; }
   std::set<uint32_t> invalidatable;
+  // XRC TGT: the XRC SRQ numbers of this node's domain (every one takes from `rq`).
+  bool select_xrc_srq(uint32_t srqn) override {
+    xrc_selected.push_back(srqn);
+    return xrc_srqs.count(srqn) == 1;
+  }
+  std::set<uint32_t> xrc_srqs;
+  std::vector<uint32_t> xrc_selected;
   uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                           uint64_t swap) override {
     ++atomic_executions;

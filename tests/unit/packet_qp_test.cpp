@@ -6,6 +6,8 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+
 #include "packet_link.hpp"
 #include "wire/roce/grh.hpp"
 
@@ -119,6 +121,43 @@ TEST_P(SizesTest, Read) {
 
 // 0xfffffd: every multi-packet message crosses the 24-bit wrap.
 INSTANTIATE_TEST_SUITE_P(StartPsn, SizesTest, ::testing::Values(100u, 0xfffffdu));
+
+// XRC: an INI QP sends on transport 0xA0 with its WQE's SRQ number in every request packet
+// (XRCETH); the TGT QP asks for that SRQ before anything else, answers on 0xA0, and a
+// number that is not of its domain is an invalid request (NAK, TGT QP to ERR).
+TEST(PacketQp, XrcIniToTgt) {
+  Pair p(pk::QpType::kRc);
+  p.a.qp.set_xrc(pk::XrcRole::kIni);
+  p.b.qp.set_xrc(pk::XrcRole::kTgt);
+  p.b.xrc_srqs = {0x4242};
+  const uint32_t len = 3000;  // three packets at MTU 1024
+  fill_pattern(p.a.mem.data(), len, 7);
+  p.b.post_recv(50, 8192, 8192);
+  pk::SendWqe w = wqe(1, IBV_WR_SEND, {p.a.iov(0, len)});
+  w.xrc_srqn = 0x4242;
+  ASSERT_EQ(p.a.qp.post_send(std::move(w)), 0);
+  ASSERT_TRUE(p.link.run([&] { return !p.a.scq.empty() && !p.b.rcq.empty(); }));
+  EXPECT_EQ(p.a.scq.back().status, IBV_WC_SUCCESS);
+  EXPECT_EQ(p.b.rcq.back().status, IBV_WC_SUCCESS);
+  EXPECT_EQ(p.b.rcq.back().byte_len, len);
+  EXPECT_EQ(std::memcmp(p.b.mem.data() + 8192, p.a.mem.data(), len), 0);
+  for (const WirePacket& s : p.a.sent) {
+    EXPECT_EQ(s.pkt.opcode & 0xe0, rw::kXrc);
+    EXPECT_EQ(s.pkt.xrc_srqn, 0x4242u);
+  }
+  for (const WirePacket& s : p.b.sent) EXPECT_EQ(s.pkt.opcode, rw::kXrc | rw::kAck);
+  EXPECT_EQ(p.b.xrc_selected, std::vector<uint32_t>(3, 0x4242));
+
+  // An SRQ of another domain.
+  pk::SendWqe bad = wqe(2, IBV_WR_SEND, {p.a.iov(0, 8)});
+  bad.xrc_srqn = 0x999;
+  p.b.post_recv(51, 8192, 8192);
+  ASSERT_EQ(p.a.qp.post_send(std::move(bad)), 0);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 2; }));
+  EXPECT_EQ(p.a.scq.back().status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+  EXPECT_NE(std::find(p.b.events.begin(), p.b.events.end(), IBV_EVENT_QP_REQ_ERR), p.b.events.end());
+}
 
 TEST(PacketQp, Atomics) {
   Pair p;

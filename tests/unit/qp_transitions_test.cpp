@@ -197,6 +197,29 @@ TEST(QpTransitionsRc, SqeToRtsIsNotAnRcTransition) {
             EINVAL);
 }
 
+// XRC (the kernel's qp_state_table): an INI QP takes RC's send attributes and no receive
+// ones, a TGT QP RC's receive attributes and of the send ones only the PSN and timeout.
+TEST(QpTransitionsXrc, IniAndTgtMasks) {
+  const int init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  const int recv = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  const int rts = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT;
+  const int send = IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  for (ibv_qp_type t : {IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV})
+    EXPECT_EQ(check_modify_mask(t, IBV_QPS_RESET, IBV_QPS_INIT, init), 0);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_SEND, IBV_QPS_INIT, IBV_QPS_RTR, rtr), 0);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_SEND, IBV_QPS_INIT, IBV_QPS_RTR, rtr | recv), EINVAL);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_RECV, IBV_QPS_INIT, IBV_QPS_RTR, rtr), EINVAL);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_RECV, IBV_QPS_INIT, IBV_QPS_RTR, rtr | recv), 0);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_SEND, IBV_QPS_RTR, IBV_QPS_RTS, rts | send), 0);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_SEND, IBV_QPS_RTR, IBV_QPS_RTS, rts), EINVAL);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, rts), 0);
+  EXPECT_EQ(check_modify_mask(IBV_QPT_XRC_RECV, IBV_QPS_RTR, IBV_QPS_RTS, rts | send), EINVAL);
+  // Reliable: no SQE.
+  for (ibv_qp_type t : {IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV})
+    EXPECT_EQ(check_modify_mask(t, IBV_QPS_RTS, IBV_QPS_SQE, IBV_QP_STATE), EINVAL);
+}
+
 TEST_P(QpTransitions, AnyStateToResetOrErrWithoutAttributes) {
   const ibv_qp_type t = GetParam();
   for (int cur = IBV_QPS_RESET; cur <= IBV_QPS_ERR; ++cur) {

@@ -25,6 +25,11 @@ TEST(RocePacketTest, HeaderSizesPerOpcode) {
       {0x20, 12}, {0x21, 12}, {0x22, 12}, {0x23, 16}, {0x24, 12}, {0x25, 16},
       {0x26, 28}, {0x27, 12}, {0x28, 12}, {0x29, 16}, {0x2a, 28}, {0x2b, 32},
       {0x64, 20}, {0x65, 24},
+      // XRC (0xA0 + RC's operation): requests carry a 4-byte XRCETH after the BTH.
+      {0xa0, 16}, {0xa1, 16}, {0xa2, 16}, {0xa3, 20}, {0xa4, 16}, {0xa5, 20},
+      {0xa6, 32}, {0xa7, 16}, {0xa8, 16}, {0xa9, 20}, {0xaa, 32}, {0xab, 36},
+      {0xac, 32}, {0xad, 16}, {0xae, 12}, {0xaf, 16}, {0xb0, 16}, {0xb1, 16},
+      {0xb2, 24}, {0xb3, 44}, {0xb4, 44}, {0xb6, 20}, {0xb7, 20},
   };
   int valid = 0;
   for (int op = 0; op < 256; ++op) valid += opcode_valid(uint8_t(op));
@@ -34,7 +39,7 @@ TEST(RocePacketTest, HeaderSizesPerOpcode) {
     EXPECT_EQ(header_bytes(e.opcode), e.bytes) << opcode_info(e.opcode).name;
   }
   for (uint8_t bad : {0x15, 0x18, 0x1f, 0x2c, 0x2d, 0x31, 0x36, 0x37, 0x40, 0x44, 0x60, 0x63,
-                      0x66, 0x80, 0x81, 0xff}) {
+                      0x66, 0x80, 0x81, 0xb5, 0xbc, 0xbd, 0xc0, 0xff}) {
     EXPECT_FALSE(opcode_valid(bad)) << int(bad);
     EXPECT_EQ(header_bytes(bad), 0u);
   }
@@ -141,6 +146,7 @@ Packet full_packet(uint8_t opcode) {
     p.qkey = 0x11111111;
     p.src_qp = 0x000001;
   }
+  if (info.flags & kHasXrceth) p.xrc_srqn = 0x00c0ffee & 0xffffff;
   return p;
 }
 
@@ -150,7 +156,8 @@ bool same_fields(const Packet& a, const Packet& b) {
          a.ack_req == b.ack_req && a.psn == b.psn && a.va == b.va && a.rkey == b.rkey &&
          a.dma_len == b.dma_len && a.swap_add == b.swap_add && a.compare == b.compare &&
          a.syndrome == b.syndrome && a.msn == b.msn && a.orig == b.orig && a.imm == b.imm &&
-         a.inv_rkey == b.inv_rkey && a.qkey == b.qkey && a.src_qp == b.src_qp;
+         a.inv_rkey == b.inv_rkey && a.qkey == b.qkey && a.src_qp == b.src_qp &&
+         a.xrc_srqn == b.xrc_srqn;
 }
 
 // FLUSH: FETH (placement type bits 3-0, selectivity bits 5-4) before its RETH; ATOMIC
@@ -190,6 +197,51 @@ TEST(RocePacketTest, FlushAndAtomicWriteByteExact) {
   EXPECT_EQ(memcmp(d.payload, value, 8), 0);
   EXPECT_FALSE(opcode_valid(kUc | kAtomicWrite));
   EXPECT_FALSE(opcode_valid(kUc | kFlush));
+}
+
+// XRC (IBA 9.x, rxe_hdr.h): the XRCETH follows the BTH, before RETH/AtomicETH/ImmDt:
+// 8 reserved bits (sent as 0, ignored when read), then the 24-bit XRC SRQ number.
+// Responses carry none.
+TEST(RocePacketTest, XrcethByteExact) {
+  Packet w;
+  w.opcode = kXrc | kWriteOnlyImm;
+  w.dest_qp = 0x000042;
+  w.psn = 7;
+  w.xrc_srqn = 0xabcdef;
+  w.va = 0x0102030405060708;
+  w.rkey = 0x11223344;
+  w.dma_len = 4;
+  w.imm = 0x04030201;  // network order as stored
+  const uint8_t data[4] = {9, 8, 7, 6};
+  uint8_t out[96] = {};
+  ASSERT_EQ(encode(w, data, 4, out, sizeof out), 12u + 4 + 16 + 4 + 4 + 4);
+  EXPECT_EQ(out[0], 0xab);  // XRC RDMA WRITE ONLY with immediate
+  const uint8_t xrceth_reth[20] = {0, 0xab, 0xcd, 0xef, 1, 2, 3, 4, 5, 6, 7, 8,
+                                   0x11, 0x22, 0x33, 0x44, 0, 0, 0, 4};
+  EXPECT_EQ(memcmp(out + 12, xrceth_reth, 20), 0);
+  EXPECT_EQ(memcmp(out + 32, &w.imm, 4), 0);
+  EXPECT_EQ(memcmp(out + 36, data, 4), 0);
+  Packet d;
+  out[12] = 0xff;  // reserved XRCETH bits are ignored
+  ASSERT_TRUE(decode(out, 44, &d));
+  EXPECT_EQ(d.xrc_srqn, 0xabcdefu);
+  EXPECT_EQ(d.va, w.va);
+  EXPECT_EQ(d.rkey, w.rkey);
+  EXPECT_EQ(d.imm, w.imm);
+  EXPECT_STREQ(opcode_info(kXrc | kSendOnly).name, "XRC_SEND_ONLY");
+
+  Packet ack;
+  ack.opcode = kXrc | kAck;
+  ack.xrc_srqn = 0x123456;  // not encoded: an ACK has no XRCETH
+  ASSERT_EQ(encode(ack, nullptr, 0, out, sizeof out), 12u + 4 + 4);
+  ASSERT_TRUE(decode(out, 20, &d));
+  EXPECT_EQ(d.xrc_srqn, 0u);
+  // Too short for its XRCETH: refused.
+  Packet s;
+  s.opcode = kXrc | kSendOnly;
+  ASSERT_EQ(encode(s, nullptr, 0, out, sizeof out), 20u);
+  EXPECT_EQ(decode_checked(out, 19, &d), DecodeError::kTooShort);
+  EXPECT_EQ(decode_checked(out, 15, &d), DecodeError::kTooShort);
 }
 
 TEST(RocePacketTest, EveryOpcodeRoundTrips) {

@@ -71,6 +71,7 @@ PacketQp::PacketQp(Env& env, QpType type, uint32_t qp_num, bool sq_sig_all)
     : env_(env), type_(type), qp_num_(qp_num & kPsnMask), sq_sig_all_(sq_sig_all) {}
 
 uint8_t PacketQp::transport_bits() const {
+  if (xrc_ != XrcRole::kNone) return rw::kXrc;
   switch (type_) {
     case QpType::kRc: return rw::kRc;
     case QpType::kUc: return rw::kUc;
@@ -187,9 +188,10 @@ void PacketQp::on_packet(const Packet& pkt, const uint8_t* grh) {
   if (pkt.dest_qp != qp_num_ && !(type_ == QpType::kUd && pkt.dest_qp == kMulticastQpn)) return;
   uint8_t op = pkt.opcode & 0x1f;
   if (is_response(op)) {
-    if (type_ == QpType::kRc) on_response(pkt);
+    if (type_ == QpType::kRc && xrc_ != XrcRole::kTgt) on_response(pkt);
     return;
   }
+  if (xrc_ == XrcRole::kIni) return;  // an INI QP has no responder
   on_request(pkt, grh);
 }
 

@@ -58,6 +58,9 @@ struct Iov {
 };
 
 enum class QpType : uint8_t { kRc, kUc, kUd };
+// An XRC QP is an RC QP on transport 0xA0 (packet.hpp): an INI QP sends requests (each
+// naming an XRC SRQ in its XRCETH) and takes responses; a TGT QP answers them.
+enum class XrcRole : uint8_t { kNone, kIni, kTgt };
 enum class WorkQueue : uint8_t { kSend, kRecv };
 
 // One send work request, local addresses already resolved (lkeys checked by the owner).
@@ -87,6 +90,7 @@ struct SendWqe {
   uint8_t flush_level = 0;
   uint32_t remote_qpn = 0;             // UD: the AH's destination
   uint32_t remote_qkey = 0;            // UD: high bit set = use the QP's own Q_Key
+  uint32_t xrc_srqn = 0;               // XRC INI: the XRC SRQ named (XRCETH)
   std::vector<Iov> sg;                 // gather (SEND/WRITE) or scatter (READ, atomic: 8 B)
   // IBV_WR_BIND_MW / IBV_WR_LOCAL_INV: the owner ran it when posting (nothing goes on the
   // wire); it completes with this status once every WQE before it has completed.
@@ -157,6 +161,10 @@ class Env {
   // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
   // when it cannot (the receive fails, IBA class J). By default nothing can be.
   virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
+  // XRC TGT: the request being handled names XRC SRQ `srqn` (XRCETH); take_receive,
+  // resolve_rkey, flush and receive completions use it from now on. False when no XRC SRQ
+  // of the QP's domain has that number: the request is invalid.
+  virtual bool select_xrc_srq(uint32_t /*srqn*/) { return false; }
 };
 
 // Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
@@ -173,6 +181,8 @@ uint64_t ack_timeout_ns(uint8_t timeout);
 class PacketQp {
  public:
   PacketQp(Env& env, QpType type, uint32_t qp_num, bool sq_sig_all = false);
+  // Makes an RC QP an XRC INI or TGT QP (before any traffic).
+  void set_xrc(XrcRole role) { xrc_ = role; }
 
   // Applies ibv_modify_qp's attributes (state last). Transition legality is the owner's
   // business; bad values give EINVAL. Entering ERR (here or on a fatal error) flushes both
@@ -273,6 +283,7 @@ class PacketQp {
   const QpType type_;
   const uint32_t qp_num_;
   const bool sq_sig_all_;
+  XrcRole xrc_ = XrcRole::kNone;
   ibv_qp_state state_ = IBV_QPS_RESET;
 
   // Attributes as ibv_modify_qp sets them.

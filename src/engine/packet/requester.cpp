@@ -192,6 +192,7 @@ void PacketQp::transmit(SendEntry& e, uint32_t k) {
   Packet p;
   p.dest_qp = type_ == QpType::kUd ? (w.remote_qpn & kPsnMask) : dest_qpn_;
   p.psn = psn_add(e.first_psn, k);
+  p.xrc_srqn = w.xrc_srqn;  // encoded only in XRC requests (their XRCETH)
   uint64_t offset = uint64_t{k} * mtu_;
   scratch_.clear();
   if (w.opcode == IBV_WR_RDMA_READ) {

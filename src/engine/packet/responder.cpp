@@ -71,6 +71,11 @@ void PacketQp::on_request(const Packet& pkt, const uint8_t* grh) {
   }
   uint32_t psn = pkt.psn & kPsnMask;
   int32_t d = psn_diff(psn, epsn_);
+  // XRC: the request's XRC SRQ must be one of this TGT QP's domain (an invalid request).
+  if (xrc_ == XrcRole::kTgt && !env_.select_xrc_srq(pkt.xrc_srqn)) {
+    if (d == 0) responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
   if (type_ == QpType::kRc) {
     if (d > 0) {
       if (!sent_psn_nak_) {
@@ -303,7 +308,7 @@ void PacketQp::do_read(const Packet& pkt, bool duplicate) {
                  : k == 0         ? rw::kReadResponseFirst
                  : k + 1 < npkts  ? rw::kReadResponseMiddle
                                   : rw::kReadResponseLast;
-    r.opcode = rw::kRc | op;
+    r.opcode = transport_bits() | op;
     r.dest_qp = dest_qpn_;
     r.psn = psn_add(psn, k);
     r.syndrome = kAckUnlimited;
@@ -380,7 +385,7 @@ void PacketQp::do_flush(const Packet& pkt) {
 // How rxe answers ATOMIC WRITE and FLUSH: an RDMA READ RESPONSE ONLY without payload.
 void PacketQp::send_empty_read_response(uint32_t psn) {
   Packet r;
-  r.opcode = bth_opcode(rw::kRc, rw::kReadResponseOnly);
+  r.opcode = bth_opcode(transport_bits(), rw::kReadResponseOnly);
   r.dest_qp = dest_qpn_;
   r.psn = psn;
   r.syndrome = kAckUnlimited;
@@ -390,7 +395,7 @@ void PacketQp::send_empty_read_response(uint32_t psn) {
 
 void PacketQp::send_atomic_ack(uint32_t psn, uint64_t orig) {
   Packet r;
-  r.opcode = bth_opcode(rw::kRc, rw::kAtomicAck);
+  r.opcode = bth_opcode(transport_bits(), rw::kAtomicAck);
   r.dest_qp = dest_qpn_;
   r.psn = psn;
   r.syndrome = kAckUnlimited;
@@ -468,7 +473,7 @@ void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint
 
 void PacketQp::send_ack(uint8_t syndrome, uint32_t psn) {
   Packet r;
-  r.opcode = bth_opcode(rw::kRc, rw::kAck);
+  r.opcode = bth_opcode(transport_bits(), rw::kAck);
   r.dest_qp = dest_qpn_;
   r.psn = psn & kPsnMask;
   r.syndrome = syndrome;

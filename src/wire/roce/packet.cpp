@@ -13,6 +13,7 @@ namespace {
 
 constexpr uint8_t header_size_of(uint32_t flags) {
   uint32_t n = kBthBytes;
+  if (flags & kHasXrceth) n += kXrcethBytes;
   if (flags & kHasFeth) n += kFethBytes;
   if (flags & kHasReth) n += kRethBytes;
   if (flags & kHasDeth) n += kDethBytes;
@@ -85,6 +86,10 @@ Table build_table() {
     if (e.flags & (kSendOp | kWriteOp) && !(e.flags & kHasIeth)) {
       put(t, kUc | e.op, e.flags, "UC_", e.name);
     }
+    // XRC: RC's opcodes at 0xA0 (IBA 1.5's FLUSH and ATOMIC WRITE are RC's only here);
+    // a request names its XRC SRQ in an XRCETH.
+    if (!(e.flags & (kFlushOp | kAtomicWriteOp)))
+      put(t, kXrc | e.op, e.flags | ((e.flags & kRequest) ? uint32_t{kHasXrceth} : 0u), "XRC_", e.name);
   }
   put(t, kUd | kSendOnly, kSendReq | kOnly | kHasDeth, "UD_", "SEND_ONLY");
   put(t, kUd | kSendOnlyImm, kSendReq | kOnly | kHasDeth | kHasImm, "UD_",
@@ -128,6 +133,10 @@ size_t encode_headers(const Packet& p, uint32_t payload_len, uint8_t* out, size_
   put24(h + 9, p.psn);
   h += kBthBytes;
 
+  if (info.flags & kHasXrceth) {
+    put32(h, p.xrc_srqn & 0xffffff);  // the top 8 bits are reserved: zero
+    h += kXrcethBytes;
+  }
   if (info.flags & kHasFeth) {
     put32(h, uint32_t(p.flush_type & 0x0f) | uint32_t(p.flush_level & 0x03) << 4);
     h += kFethBytes;
@@ -221,6 +230,10 @@ DecodeError decode_checked(const uint8_t* dgram, size_t len, Packet* out) {
   p.psn = get24(dgram + 9);
 
   const uint8_t* h = dgram + kBthBytes;
+  if (info.flags & kHasXrceth) {
+    p.xrc_srqn = get32(h) & 0xffffff;  // reserved bits ignored
+    h += kXrcethBytes;
+  }
   if (info.flags & kHasFeth) {
     uint32_t feth = get32(h);  // bits 31-6 reserved: ignored
     p.flush_type = uint8_t(feth & 0x0f);

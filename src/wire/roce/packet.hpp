@@ -28,9 +28,12 @@ inline constexpr uint32_t kDethBytes = 8;
 inline constexpr uint32_t kFethBytes = 4;
 // ATOMIC WRITE's payload: exactly 8 bytes.
 inline constexpr uint32_t kAtomicWriteBytes = 8;
+// XRC Extended Transport Header (IBA 9.x, as rxe_hdr.h lays it out): 8 reserved bits, then
+// the 24-bit XRC SRQ number; in every XRC request packet, right after the BTH.
+inline constexpr uint32_t kXrcethBytes = 4;
 
 // BTH opcodes: the high three bits name the transport, the low five the operation.
-enum Transport : uint8_t { kRc = 0x00, kUc = 0x20, kRd = 0x40, kUd = 0x60, kCnp = 0x80 };
+enum Transport : uint8_t { kRc = 0x00, kUc = 0x20, kRd = 0x40, kUd = 0x60, kCnp = 0x80, kXrc = 0xa0 };
 enum Op : uint8_t {
   kSendFirst = 0x00,
   kSendMiddle = 0x01,
@@ -105,6 +108,8 @@ struct Packet {
   // DETH
   uint32_t qkey = 0;
   uint32_t src_qp = 0;      // 24 bits
+  // XRCETH
+  uint32_t xrc_srqn = 0;    // 24 bits
   // FETH
   uint8_t flush_type = 0;   // placement type, 4 bits
   uint8_t flush_level = 0;  // selectivity level, 2 bits
@@ -115,8 +120,9 @@ struct Packet {
 };
 
 // What an opcode carries and means, from the opcode table. Extension headers follow the
-// BTH in the order FETH, RETH/DETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH (IBA 9.2-9.3;
-// only WRITE_ONLY_IMM, UD SEND_ONLY_IMM and FLUSH have two).
+// BTH in the order XRCETH, FETH, RETH/DETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH
+// (IBA 9.2-9.3; only WRITE_ONLY_IMM, UD SEND_ONLY_IMM, FLUSH and XRC requests have two or
+// more). XRC (transport 0xA0) has RC's opcodes; its requests carry an XRCETH first.
 enum OpcodeFlag : uint32_t {
   kHasReth = 1u << 0,
   kHasAeth = 1u << 1,
@@ -140,6 +146,7 @@ enum OpcodeFlag : uint32_t {
   kHasFeth = 1u << 19,
   kFlushOp = 1u << 20,       // FLUSH
   kAtomicWriteOp = 1u << 21, // ATOMIC WRITE
+  kHasXrceth = 1u << 22,     // XRC requests
 };
 
 struct OpcodeInfo {
@@ -148,8 +155,8 @@ struct OpcodeInfo {
   const char* name = "";     // e.g. "RC_SEND_ONLY", for traces and errors
 };
 
-// The table entry of `opcode`; flags == 0 for opcodes outside RC, UC (send and write) and
-// UD (SEND_ONLY, SEND_ONLY_IMM).
+// The table entry of `opcode`; flags == 0 for opcodes outside RC, UC (send and write),
+// UD (SEND_ONLY, SEND_ONLY_IMM) and XRC (RC's, without IBA 1.5's FLUSH and ATOMIC WRITE).
 const OpcodeInfo& opcode_info(uint8_t opcode);
 inline bool opcode_valid(uint8_t opcode) { return opcode_info(opcode).flags != 0; }
 // BTH plus extension headers; 0 for an invalid opcode.

@@ -8,6 +8,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +34,13 @@ constexpr int kReplyTimeoutMs = 5000;
 // that is there reads and writes at once, and meanwhile every other peer waits too.
 constexpr int kPeerStallMs = 1000;
 
-enum Kind : uint32_t { kExecute = 1, kKick = 2, kProbe = 3, kOpenWindow = 4, kDrain = 5 };
+enum Kind : uint32_t {
+  kExecute = 1, kKick = 2, kProbe = 3, kOpenWindow = 4, kDrain = 5,
+  // XRC TGT QPs opened across processes (XrcOp's values), and their events.
+  kXrcOpen = 6, kXrcModify = 7, kXrcQuery = 8, kXrcClose = 9, kXrcEvent = 10,
+};
+
+std::atomic<const XrcHooks*> g_xrc_hooks{nullptr};
 
 // How payload travels on a connection: straight between the two processes' buffers with
 // cross-memory attach, or, where the kernel refuses that (no CAP_SYS_PTRACE in some
@@ -61,6 +68,8 @@ struct WireRequest {
   uint32_t qkey;
   uint32_t niov;
   uint32_t copy_mode;
+  uint32_t xrc_srqn;  // XRC: the XRC SRQ named (24 bits)
+  uint32_t reserved;
   uint64_t remote_addr;
   uint64_t compare_add;
   uint64_t swap;
@@ -80,7 +89,9 @@ struct WireReply {
   uint64_t value;  // kOpenWindow: the window's offset in the arena sent along (SCM_RIGHTS)
 };
 
-bool valid_type(uint32_t t) { return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD; }
+bool valid_type(uint32_t t) {
+  return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD || t == IBV_QPT_XRC_SEND;
+}
 
 bool valid_opcode(uint32_t op) {
   switch (op) {
@@ -289,6 +300,36 @@ bool recv_with_fds(int sock, WireReply* r, int fds[kMaxFds]) {
   return got == sizeof(*r);
 }
 
+// An XRC request about our TGT QP `m.dst_qpn` from process `pid`: 0 or an errno value. The
+// attributes travel by cross-memory attach from and to the asker's `m.remote_addr`.
+int serve_xrc(const XrcHooks* h, const WireRequest& m, pid_t pid) {
+  if (!h || !h->open) return ENOSYS;
+  const uint32_t qpn = m.dst_qpn & 0xffffff;
+  ibv_qp_attr a{};
+  iovec ours{&a, sizeof(a)}, theirs{reinterpret_cast<void*>(m.remote_addr), sizeof(a)};
+  switch (m.kind) {
+    case kXrcOpen: {
+      const int slot = static_cast<int>(m.src_qpn);
+      if (slot <= 0 || slot >= kSlots || slot_owner(slot) != pid) return EINVAL;
+      return h->open(qpn, m.compare_add, m.swap, pid, slot);
+    }
+    case kXrcModify:
+      if (process_vm_readv(pid, &ours, 1, &theirs, 1, 0) != static_cast<ssize_t>(sizeof(a)))
+        return EFAULT;
+      return h->modify(qpn, &a, static_cast<int>(m.flags), pid);
+    case kXrcQuery: {
+      if (int err = h->query(qpn, &a, pid)) return err;
+      if (process_vm_writev(pid, &ours, 1, &theirs, 1, 0) != static_cast<ssize_t>(sizeof(a)))
+        return EFAULT;
+      return 0;
+    }
+    case kXrcClose:
+      return h->close(qpn, pid);
+    default:
+      return EINVAL;
+  }
+}
+
 // Serves one message; returns false when the connection is gone (then it is closed): the
 // peer hung up, or did not take an answer or send its payload in time.
 bool serve_one(const Server& srv, int fd) {
@@ -305,6 +346,11 @@ bool serve_one(const Server& srv, int fd) {
   }
   if (m.kind == kDrain) {
     if (QpRef qp = find_local(m.dst_qpn & 0xffffff)) srv.shm.drain(qp.get());
+    return true;
+  }
+  const XrcHooks* xrc = g_xrc_hooks.load(std::memory_order_acquire);
+  if (m.kind == kXrcEvent) {
+    if (xrc && xrc->event) xrc->event(m.dst_qpn & 0xffffff, static_cast<int>(m.imm), static_cast<int>(m.src_qpn));
     return true;
   }
   WireReply r{kMagic, Reply::NoResponse, IBV_WC_SUCCESS, 0, 0, 0, 0};
@@ -340,6 +386,13 @@ bool serve_one(const Server& srv, int fd) {
     bool ok = process_vm_readv(cred.pid, &ours, 1, &theirs, 1, 0) == sizeof(word) &&
               word == m.compare_add;
     r.kind = ok ? Reply::Ack : Reply::Error;
+    if (send_message(fd, &r, sizeof(r), kPeerStallMs)) return true;
+    close(fd);
+    return false;
+  }
+  if (m.kind >= kXrcOpen && m.kind <= kXrcClose) {
+    r.kind = Reply::Ack;
+    r.status = static_cast<uint32_t>(serve_xrc(xrc, m, cred.pid));
     if (send_message(fd, &r, sizeof(r), kPeerStallMs)) return true;
     close(fd);
     return false;
@@ -386,6 +439,7 @@ bool serve_one(const Server& srv, int fd) {
     req.remote_addr = m.remote_addr;
     req.rkey = m.rkey;
     req.qkey = m.qkey;
+    req.xrc_srqn = m.xrc_srqn & 0xffffff;
     req.compare_add = m.compare_add;
     req.swap = m.swap;
     req.length = m.length;
@@ -556,6 +610,7 @@ WireRequest encode(const Request& req, uint32_t kind) {
   m.imm = req.imm;
   m.rkey = req.rkey;
   m.qkey = req.qkey;
+  m.xrc_srqn = req.xrc_srqn;
   m.remote_addr = req.remote_addr;
   m.compare_add = req.compare_add;
   m.swap = req.swap;
@@ -672,6 +727,51 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1], fds[3]);
   *wake_fd = fds[2];
   return arena->base ? r.value : 0;
+}
+
+void set_xrc_hooks(const XrcHooks& hooks) {
+  static XrcHooks installed;  // set once, before any opener can ask
+  if (g_xrc_hooks.load(std::memory_order_acquire)) return;
+  installed = hooks;
+  g_xrc_hooks.store(&installed, std::memory_order_release);
+}
+
+int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_qp_attr* attr,
+              int mask) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = static_cast<uint32_t>(op);
+  m.src_qpn = static_cast<uint32_t>(my_slot());
+  m.dst_qpn = qpn;
+  m.flags = static_cast<uint32_t>(mask);
+  m.compare_add = dev;
+  m.swap = ino;
+  m.remote_addr = reinterpret_cast<uint64_t>(attr);
+  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return ENXIO;
+  pollfd p{c->fd, POLLIN, 0};
+  WireReply r{};
+  int ready;
+  do {
+    ready = poll(&p, 1, kReplyTimeoutMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0 || recv(c->fd, &r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r)) ||
+      r.magic != kMagic || r.kind != Reply::Ack) {
+    drop(*c);
+    return ENXIO;
+  }
+  return static_cast<int>(r.status);
+}
+
+void agent_xrc_event(int slot, uint32_t qpn, int type) {
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kXrcEvent;
+  m.src_qpn = static_cast<uint32_t>(my_slot());
+  m.dst_qpn = qpn;
+  m.imm = static_cast<uint32_t>(type);
+  send_oneway(slot, m);
 }
 
 void agent_drain(int slot, uint32_t dst_qpn) {

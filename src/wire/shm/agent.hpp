@@ -41,4 +41,26 @@ bool cross_memory_disabled();
 // Asks the agent of `slot` to drain the receive window of its QP `dst_qpn` (no answer).
 void agent_drain(int slot, uint32_t dst_qpn);
 
+// XRC TGT QPs of this process opened by other processes of their domain (ibv_open_qp(3)),
+// and those processes' handles on them. verbs/xrc.cpp installs these; the agent calls them
+// with the asker's pid as the kernel names it (SO_PEERCRED) and, for Open, the registry
+// slot it says is its own (checked against that pid). Each returns 0 or an errno value.
+struct XrcHooks {
+  int (*open)(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) = nullptr;
+  int (*modify)(uint32_t qpn, ibv_qp_attr* attr, int mask, pid_t pid) = nullptr;
+  int (*query)(uint32_t qpn, ibv_qp_attr* attr, pid_t pid) = nullptr;
+  int (*close)(uint32_t qpn, pid_t pid) = nullptr;
+  // At an opener: TGT QP `qpn` of the process in `slot` raised async event `type`.
+  void (*event)(uint32_t qpn, int type, int slot) = nullptr;
+};
+void set_xrc_hooks(const XrcHooks& hooks);
+enum class XrcOp : uint32_t { Open = 6, Modify = 7, Query = 8, Close = 9 };
+// Asks the agent of `slot` (the TGT QP's process): 0 or an errno value (ENXIO: no answer).
+// Modify sends *attr, Query fills it (both through cross-memory attach); Open names the
+// domain by (dev, ino).
+int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_qp_attr* attr,
+              int mask);
+// Tells the opener in `slot` that TGT QP `qpn` of ours raised `type` (no answer).
+void agent_xrc_event(int slot, uint32_t qpn, int type);
+
 }  // namespace softverbs::wire

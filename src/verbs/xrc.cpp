@@ -1,0 +1,607 @@
+// XRC (eXtended Reliable Connection): domains, XRC SRQs and the TGT QPs of a domain.
+//  - ibv_open_xrcd(3): a domain opened on a file is named by the file's inode, so that every
+//    process (and every handle in a process) that opens it on the same inode shares one
+//    domain; fd -1 gives a domain of its own. Which processes hold a shared domain open is
+//    a small file in the state directory, changed under flock(2) (released by the kernel
+//    when a holder dies) and checked on every read: a dead holder's entry is dropped, a
+//    file that is not ours is taken as empty.
+//  - XRC SRQs have a number (ibv_get_srq_num) that INI QPs name per message (XRCETH); a
+//    message lands only in an SRQ of the TGT QP's domain.
+//  - TGT QPs (IBV_QPT_XRC_RECV) have no PD, CQs or queues; ibv_open_qp gives more handles
+//    on one, and the QP lives until its last handle is destroyed.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "common/state_dir.hpp"
+#include "core/device.hpp"
+#include "verbs/verbs.hpp"
+#include "wire/registry.hpp"
+#include "wire/shm/agent.hpp"
+#include "wire/transport.hpp"
+
+namespace softverbs {
+
+// One XRC domain of this process. Shared ones are named by (dev, ino) of the file.
+struct XrcDomain {
+  bool shared = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  int handles = 0;  // open Xrcd handles in this process (under g_domains_mu)
+};
+
+namespace {
+
+// ---- Which processes hold a shared domain open (the state file) -------------------------
+
+constexpr uint32_t kDomainFileMagic = 0x58524344;  // "XRCD"
+constexpr int kMaxHolders = 256;
+
+struct Holder {
+  int32_t pid;
+  uint32_t reserved;
+  uint64_t start;  // the holder's start time (/proc/PID/stat), so a reused pid is not it
+};
+struct DomainFile {
+  uint32_t magic;
+  uint32_t count;
+  Holder holders[kMaxHolders];
+};
+
+uint64_t start_time_of(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (!f) return 0;
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // Field 22, counted after the command name's closing parenthesis (it may hold spaces).
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return 0;
+  unsigned long long v = 0;
+  int field = 2;
+  for (++p; *p && field < 22; ++p)
+    if (*p == ' ') ++field;
+  if (std::sscanf(p, "%llu", &v) != 1) return 0;
+  return v;
+}
+
+bool holder_alive(const Holder& h) {
+  if (h.pid <= 0) return false;
+  if (kill(h.pid, 0) != 0 && errno != EPERM) return false;
+  return start_time_of(h.pid) == h.start;
+}
+
+std::string domain_path(dev_t dev, ino_t ino) {
+  return state_dir() + "/xrcd-" + std::to_string(static_cast<unsigned long long>(dev)) + "-" +
+         std::to_string(static_cast<unsigned long long>(ino));
+}
+
+// The file of domain (dev, ino), locked; -1 with errno on failure. A file unlinked by the
+// last holder between our open and our lock is opened again.
+int lock_domain_file(dev_t dev, ino_t ino) {
+  const std::string path = domain_path(dev, ino);
+  for (int tries = 0; tries < 100; ++tries) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_nlink > 0) return fd;
+    ::close(fd);
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+// Reads the holders, keeping only live, distinct ones: whatever the file holds.
+DomainFile read_holders(int fd) {
+  DomainFile f{};
+  DomainFile raw{};
+  ssize_t n = pread(fd, &raw, sizeof(raw), 0);
+  f.magic = kDomainFileMagic;
+  if (n != static_cast<ssize_t>(sizeof(raw)) || raw.magic != kDomainFileMagic) return f;
+  uint32_t count = std::min<uint32_t>(raw.count, kMaxHolders);
+  for (uint32_t i = 0; i < count; ++i) {
+    const Holder& h = raw.holders[i];
+    bool dup = false;
+    for (uint32_t j = 0; j < f.count; ++j) dup |= f.holders[j].pid == h.pid;
+    if (!dup && holder_alive(h)) f.holders[f.count++] = h;
+  }
+  return f;
+}
+
+// Adds (`join`) or removes this process; `*existed` tells whether anyone else held it.
+// 0 or an errno value. With `join` and `check`, the O_CREAT/O_EXCL rules come first.
+int update_holders(dev_t dev, ino_t ino, bool join, int oflags, bool held_here) {
+  int fd = lock_domain_file(dev, ino);
+  if (fd < 0) return errno ? errno : EIO;
+  DomainFile f = read_holders(fd);
+  const pid_t self = getpid();
+  int err = 0;
+  uint32_t mine = f.count;
+  for (uint32_t i = 0; i < f.count; ++i)
+    if (f.holders[i].pid == self) mine = i;
+  if (join) {
+    // The kernel's rules (ib_uverbs_open_xrcd): no domain yet and no O_CREAT is EAGAIN,
+    // one that exists with O_EXCL is EINVAL.
+    bool exists = f.count > 0 || held_here;
+    if (!exists && !(oflags & O_CREAT)) err = EAGAIN;
+    else if (exists && (oflags & O_EXCL)) err = EINVAL;
+    else if (mine == f.count) {
+      if (f.count == kMaxHolders) err = ENOMEM;
+      else f.holders[f.count++] = {self, 0, start_time_of(self)};
+    }
+  } else if (mine < f.count) {
+    f.holders[mine] = f.holders[--f.count];
+  }
+  if (!err) {
+    if (f.count == 0) {
+      unlink(domain_path(dev, ino).c_str());  // under the lock: openers check st_nlink
+    } else if (pwrite(fd, &f, sizeof(f), 0) != static_cast<ssize_t>(sizeof(f))) {
+      err = EIO;
+    }
+  }
+  ::close(fd);  // releases the lock
+  return err;
+}
+
+std::mutex g_domains_mu;
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<XrcDomain>> g_domains;
+
+// The hidden PD and CQ of a context's TGT QPs, made once.
+bool ensure_tgt_resources(Context* ctx) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> once(mu);
+  if (ctx->xrc_pd) return true;
+  ibv_pd* pd = alloc_pd(ctx);
+  if (!pd) return false;
+  ibv_cq* cq = create_cq(ctx, 1, nullptr, nullptr, 0);
+  if (!cq) {
+    dealloc_pd(Pd::from(pd));
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(ctx->objects_mu);
+  ctx->cqs.erase(Cq::from(cq));  // not one of the application's
+  ctx->xrc_cq = Cq::from(cq);
+  ctx->xrc_pd = Pd::from(pd);
+  return true;
+}
+
+}  // namespace
+
+void install_xrc_hooks();  // below: our agent's side of ibv_open_qp across processes
+
+Xrcd* Xrcd::from(ibv_xrcd* x) {
+  auto* xrcd = reinterpret_cast<Xrcd*>(x);
+  return x && xrcd->magic == kXrcdMagic ? xrcd : nullptr;
+}
+
+ibv_xrcd* open_xrcd(Context* ctx, const ibv_xrcd_init_attr* attr) {
+  if (!attr || (attr->comp_mask & ~uint32_t(IBV_XRCD_INIT_ATTR_RESERVED - 1))) {
+    errno = attr ? EOPNOTSUPP : EINVAL;
+    return nullptr;
+  }
+  // rdma-core's ibv_cmd_open_xrcd: both the fd and the flags must be given.
+  if (!(attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) || !(attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ||
+      (attr->oflags & ~(O_CREAT | O_EXCL))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  static std::once_flag hooks;
+  std::call_once(hooks, install_xrc_hooks);  // our TGT QPs can be opened by other processes
+  std::shared_ptr<XrcDomain> domain;
+  if (attr->fd == -1) {
+    domain = std::make_shared<XrcDomain>();  // a domain of its own
+  } else {
+    struct stat st;
+    if (fstat(attr->fd, &st) != 0) {
+      errno = EBADF;
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(g_domains_mu);
+    const auto key = std::make_pair(st.st_dev, st.st_ino);
+    domain = g_domains[key].lock();
+    int err = update_holders(st.st_dev, st.st_ino, true, attr->oflags, domain != nullptr);
+    if (err) {
+      if (!domain) g_domains.erase(key);
+      errno = err;
+      return nullptr;
+    }
+    if (!domain) {
+      domain = std::make_shared<XrcDomain>();
+      domain->shared = true;
+      domain->dev = st.st_dev;
+      domain->ino = st.st_ino;
+      g_domains[key] = domain;
+    }
+    ++domain->handles;
+  }
+  auto* x = new (std::nothrow) Xrcd{};
+  if (!x) {
+    close_xrcd_domain(domain);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  x->ctx = ctx;
+  x->domain = std::move(domain);
+  x->ibv.context = ctx->ibv();
+  return &x->ibv;
+}
+
+void close_xrcd_domain(const std::shared_ptr<XrcDomain>& d) {
+  if (!d || !d->shared) return;
+  std::lock_guard<std::mutex> lock(g_domains_mu);
+  if (--d->handles > 0) return;
+  g_domains.erase({d->dev, d->ino});
+  update_holders(d->dev, d->ino, false, 0, false);
+}
+
+int close_xrcd(Xrcd* x) {
+  if (x->users.load() != 0) return EBUSY;  // SRQs or TGT QPs still use it (as the kernel)
+  close_xrcd_domain(x->domain);
+  x->magic = kDead;
+  delete x;
+  return 0;
+}
+
+// ---- XRC SRQs ---------------------------------------------------------------------------
+
+ibv_srq* create_xrc_srq(Context* ctx, ibv_srq_init_attr_ex* ex) {
+  constexpr uint32_t kNeed = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+  Pd* pd = (ex->comp_mask & IBV_SRQ_INIT_ATTR_PD) ? Pd::from(ex->pd) : nullptr;
+  Xrcd* xrcd = (ex->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) ? Xrcd::from(ex->xrcd) : nullptr;
+  Cq* cq = (ex->comp_mask & IBV_SRQ_INIT_ATTR_CQ) ? Cq::from(ex->cq) : nullptr;
+  if ((ex->comp_mask & kNeed) != kNeed || !pd || !xrcd || !cq || pd->ctx != ctx ||
+      xrcd->ctx != ctx || cq->ctx != ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_srq_init_attr init{};
+  init.srq_context = ex->srq_context;
+  init.attr = ex->attr;
+  ibv_srq* s = create_srq(pd, &init);
+  if (!s) return nullptr;
+  ex->attr = init.attr;
+  Srq* srq = Srq::from(s);
+  // Everything a responder reads is set before the number makes it findable.
+  srq->xrc_domain = xrcd->domain;
+  srq->xrcd = xrcd;
+  srq->xrc_cq = cq;
+  srq->srq_num = add_xrc_srq(srq);
+  if (!srq->srq_num) {
+    destroy_srq(srq);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  xrcd->users++;
+  cq->users++;
+  // What ibv_srq shows of an XRC SRQ (verbs.h: srq_type, xrcd, cq in verbs_srq are the
+  // provider's business; the application sees the number through ibv_get_srq_num).
+  return s;
+}
+
+void forget_xrc_srq(Srq* srq) {
+  if (!srq->srq_num) return;
+  remove_xrc_srq(srq->srq_num);  // waits for every responder using it
+  srq->xrcd->users--;
+  srq->xrc_cq->users--;
+  srq->srq_num = 0;
+}
+
+int get_srq_num(Srq* srq, uint32_t* num) {
+  if (!srq->srq_num || !num) return EINVAL;
+  *num = srq->srq_num;
+  return 0;
+}
+
+// ---- TGT QPs ----------------------------------------------------------------------------
+
+ibv_qp* create_xrc_tgt_qp(Context* ctx, ibv_qp_init_attr_ex* ex) {
+  Xrcd* xrcd = (ex->comp_mask & IBV_QP_INIT_ATTR_XRCD) ? Xrcd::from(ex->xrcd) : nullptr;
+  if (!xrcd || xrcd->ctx != ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (!ensure_tgt_resources(ctx)) return nullptr;
+  ibv_qp_init_attr attr{};
+  attr.qp_context = ex->qp_context;
+  attr.send_cq = ctx->xrc_cq->cq();
+  attr.recv_cq = ctx->xrc_cq->cq();
+  attr.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* q = create_qp(ctx->xrc_pd, &attr);
+  if (!q) return nullptr;
+  Qp* qp = Qp::from(q);
+  qp->xrcd = xrcd;
+  qp->xrc_domain = xrcd->domain;
+  xrcd->users++;
+  // A TGT QP has no PD, CQs, SRQ or work queues of its own (what ibv_query_qp shows).
+  q->pd = nullptr;
+  q->send_cq = q->recv_cq = nullptr;
+  qp->cap = {};
+  ex->cap = {};
+  return q;
+}
+
+namespace {
+
+// This process's handles on TGT QPs of other processes, by QP number (events find them).
+std::mutex g_remote_mu;
+std::multimap<uint32_t, Qp*> g_remote_handles;
+
+// ---- the agent's side: other processes' handles on our TGT QPs -------------------------
+
+// Our TGT QP `qpn`, if process `pid` holds a handle on it (or, `opening`, may take one).
+wire::QpRef tgt_for(uint32_t qpn, pid_t pid, bool opening) {
+  wire::QpRef ref = wire::find_local(qpn);
+  Qp* t = ref.get();
+  if (!t || t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from) return {};
+  if (opening) return ref;
+  std::lock_guard<std::mutex> lock(t->xrc_mu);
+  for (const auto& o : t->xrc_remote_openers)
+    if (o.first == pid) return ref;
+  return {};
+}
+
+int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
+  wire::QpRef ref = tgt_for(qpn, pid, true);
+  Qp* t = ref.get();
+  if (!t) return ENOENT;
+  const XrcDomain* d = t->xrc_domain.get();
+  // Only a domain shared through a file: (dev, ino) names it on this host.
+  if (!d->shared || d->dev != static_cast<dev_t>(dev) || d->ino != static_cast<ino_t>(ino)) return EINVAL;
+  std::lock_guard<std::mutex> lock(t->xrc_mu);
+  if (t->xrc_handles <= 0) return ENOENT;  // going away
+  t->xrc_remote_openers.push_back({pid, slot});
+  ++t->xrc_handles;
+  return 0;
+}
+
+int remote_modify(uint32_t qpn, ibv_qp_attr* attr, int mask, pid_t pid) {
+  wire::QpRef ref = tgt_for(qpn, pid, false);
+  return ref ? modify_qp(ref.get(), attr, mask) : ENOENT;
+}
+
+int remote_query(uint32_t qpn, ibv_qp_attr* attr, pid_t pid) {
+  wire::QpRef ref = tgt_for(qpn, pid, false);
+  return ref ? query_qp(ref.get(), attr, 0, nullptr) : ENOENT;
+}
+
+int remote_close(uint32_t qpn, pid_t pid) {
+  wire::QpRef ref = tgt_for(qpn, pid, false);
+  Qp* t = ref.get();
+  if (!t) return ENOENT;
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    auto& v = t->xrc_remote_openers;
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (it->first == pid) {
+        v.erase(it);
+        break;
+      }
+    last = --t->xrc_handles == 0;
+  }
+  ref.reset();  // destroy_qp waits for every pinned reference
+  if (last) {
+    // The creator's handle went before: the QP goes with its last handle.
+    Qp* q = t;
+    {
+      std::lock_guard<std::mutex> lock(q->xrc_mu);
+      q->xrc_handles = 1;  // the destroy below releases this one
+    }
+    destroy_qp(q);
+  }
+  return 0;
+}
+
+// At an opener: an event of a TGT QP in `slot`'s process, for each of our handles on it.
+void remote_event(uint32_t qpn, int type, int slot) {
+  std::lock_guard<std::mutex> lock(g_remote_mu);
+  auto [from, to] = g_remote_handles.equal_range(qpn);
+  for (auto it = from; it != to; ++it) {
+    Qp* h = it->second;
+    if (h->xrc_remote_slot != slot) continue;
+    ibv_async_event ev{};
+    ev.element.qp = h->qp();
+    ev.event_type = static_cast<ibv_event_type>(type);
+    h->ctx->post_async(ev);
+  }
+}
+
+// A TGT QP handle of this process, not yet counted anywhere.
+Qp* new_tgt_handle(Context* ctx, Xrcd* xrcd, const ibv_qp_open_attr* attr) {
+  auto* h = new (std::nothrow) Qp{};
+  if (!h) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  h->ctx = ctx;
+  h->type = IBV_QPT_XRC_RECV;
+  h->xrcd = xrcd;
+  h->xrc_domain = xrcd->domain;
+  ibv_qp* q = h->qp();
+  q->context = ctx->ibv();
+  q->qp_context = attr->qp_context;
+  q->qp_type = IBV_QPT_XRC_RECV;
+  q->qp_num = attr->qp_num & 0xffffff;
+  q->handle = q->qp_num;
+  pthread_mutex_init(&q->mutex, nullptr);
+  pthread_cond_init(&q->cond, nullptr);
+  xrcd->users++;
+  return h;
+}
+
+}  // namespace
+
+void install_xrc_hooks() {
+  wire::XrcHooks h;
+  h.open = &remote_open;
+  h.modify = &remote_modify;
+  h.query = &remote_query;
+  h.close = &remote_close;
+  h.event = &remote_event;
+  wire::set_xrc_hooks(h);
+}
+
+// ibv_open_qp of a TGT QP another process of the domain created: its agent counts our
+// handle, and modify, query, destroy and events go through it.
+ibv_qp* open_remote_tgt(Context* ctx, Xrcd* xrcd, ibv_qp_open_attr* attr) {
+  const uint32_t qpn = attr->qp_num & 0xffffff;
+  const int slot = wire::slot_of_qpn(qpn);
+  const XrcDomain* d = xrcd->domain.get();
+  if (!d->shared || slot <= 0 || wire::slot_owner(slot) <= 0) {
+    errno = d->shared ? ENOENT : EINVAL;
+    return nullptr;
+  }
+  if (int err = wire::agent_xrc(slot, wire::XrcOp::Open, qpn, d->dev, d->ino, nullptr, 0)) {
+    errno = err == ENXIO ? ENOENT : err;
+    return nullptr;
+  }
+  Qp* h = new_tgt_handle(ctx, xrcd, attr);
+  if (!h) {
+    wire::agent_xrc(slot, wire::XrcOp::Close, qpn, 0, 0, nullptr, 0);
+    return nullptr;
+  }
+  h->xrc_remote_slot = slot;
+  ibv_qp_attr a{};
+  if (wire::agent_xrc(slot, wire::XrcOp::Query, qpn, 0, 0, &a, 0) == 0) h->qp()->state = a.qp_state;
+  std::lock_guard<std::mutex> lock(g_remote_mu);
+  g_remote_handles.insert({qpn, h});
+  return h->qp();
+}
+
+int modify_remote_tgt(Qp* h, ibv_qp_attr* attr, int mask) {
+  int err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Modify, h->qpn(), 0, 0, attr, mask);
+  if (!err && (mask & IBV_QP_STATE)) h->qp()->state = attr->qp_state;
+  return err;
+}
+
+int query_remote_tgt(Qp* h, ibv_qp_attr* attr, ibv_qp_init_attr* init) {
+  int err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Query, h->qpn(), 0, 0, attr, 0);
+  if (err) return err;
+  h->qp()->state = attr->qp_state;
+  if (init) {
+    std::memset(init, 0, sizeof(*init));
+    init->qp_context = h->qp()->qp_context;
+    init->qp_type = IBV_QPT_XRC_RECV;
+  }
+  return 0;
+}
+
+void destroy_remote_tgt(Qp* h) {
+  {
+    std::lock_guard<std::mutex> lock(g_remote_mu);
+    auto [from, to] = g_remote_handles.equal_range(h->qpn());
+    for (auto it = from; it != to; ++it)
+      if (it->second == h) {
+        g_remote_handles.erase(it);
+        break;
+      }
+  }
+  // The TGT QP's process may be gone: then there is nothing left to release.
+  wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Close, h->qpn(), 0, 0, nullptr, 0);
+  free_opened_handle(h);
+}
+
+ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr) {
+  constexpr uint32_t kNeed = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  if (!attr || (attr->comp_mask & kNeed) != kNeed ||
+      (attr->comp_mask & ~uint32_t(IBV_QP_OPEN_ATTR_RESERVED - 1))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Xrcd* xrcd = Xrcd::from(attr->xrcd);
+  if (!xrcd || xrcd->ctx != ctx || attr->qp_type != IBV_QPT_XRC_RECV) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (wire::slot_of_qpn(attr->qp_num & 0xffffff) != wire::my_slot())
+    return open_remote_tgt(ctx, xrcd, attr);
+  wire::QpRef ref = wire::find_local(attr->qp_num & 0xffffff);
+  Qp* tgt = ref.get();
+  // Only a TGT QP of this domain.
+  if (!tgt || tgt->type != IBV_QPT_XRC_RECV || tgt->xrc_opened_from ||
+      tgt->xrc_domain != xrcd->domain) {
+    errno = tgt && tgt->type == IBV_QPT_XRC_RECV ? EINVAL : ENOENT;
+    return nullptr;
+  }
+  Qp* h = new_tgt_handle(ctx, xrcd, attr);
+  if (!h) return nullptr;
+  h->pd = tgt->pd;
+  h->send_cq = tgt->send_cq;
+  h->recv_cq = tgt->recv_cq;
+  h->xrc_opened_from = tgt;
+  h->qp()->state = static_cast<ibv_qp_state>(tgt->state.load());
+  {
+    std::lock_guard<std::mutex> lock(tgt->xrc_mu);
+    tgt->xrc_openers.push_back(h);
+    ++tgt->xrc_handles;
+  }
+  return h->qp();
+}
+
+// Destroying one handle of a TGT QP: true when the QP itself must go now (its last).
+bool release_tgt_handle(Qp* handle) {
+  Qp* tgt = handle->xrc_opened_from ? handle->xrc_opened_from : handle;
+  std::unique_lock<std::mutex> lock(tgt->xrc_mu);
+  // Handles of processes that died without destroying them do not keep the QP.
+  auto& remote = tgt->xrc_remote_openers;
+  for (auto it = remote.begin(); it != remote.end();) {
+    if (kill(it->first, 0) != 0 && errno == ESRCH) {
+      it = remote.erase(it);
+      --tgt->xrc_handles;
+    } else {
+      ++it;
+    }
+  }
+  if (handle == tgt && tgt->xrc_handles > 1) {
+    tgt->xrc_creator_gone = true;
+    lock.unlock();
+    // Its events not yet handed out vanish, as for any destroyed QP.
+    drop_async_events_of(tgt->ctx, EventElement::Qp, tgt->qp());
+    lock.lock();
+  }
+  if (handle != tgt) {
+    auto& v = tgt->xrc_openers;
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (*it == handle) {
+        v.erase(it);
+        break;
+      }
+  }
+  return --tgt->xrc_handles == 0;
+}
+
+void free_opened_handle(Qp* h) {
+  ibv_qp* q = h->qp();
+  drop_async_events_of(h->ctx, EventElement::Qp, q);
+  wait_acked(&q->mutex, &q->cond, &q->events_completed, &h->events_reported);
+  h->xrcd->users--;
+  pthread_mutex_destroy(&q->mutex);
+  pthread_cond_destroy(&q->cond);
+  h->magic = kDead;
+  delete h;
+}
+
+void free_tgt_resources(Context* ctx) {
+  if (ctx->xrc_cq) destroy_cq(ctx->xrc_cq);
+  if (ctx->xrc_pd) dealloc_pd(ctx->xrc_pd);
+  ctx->xrc_cq = nullptr;
+  ctx->xrc_pd = nullptr;
+}
+
+}  // namespace softverbs

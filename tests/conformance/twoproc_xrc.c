@@ -1,0 +1,426 @@
+/*
+ * XRC between two processes (ibv_open_xrcd(3), ibv_create_srq_ex(3), ibv_open_qp(3),
+ * ibv_post_send(3)'s remote_srqn): A (parent) holds an XRC domain opened on a file, XRC
+ * SRQs and a TGT QP; B (child) sends to them from an XRC INI QP.
+ *  1. SEND, RDMA WRITE and READ named at A's XRC SRQ: the receive completes on the SRQ's
+ *     CQ with the TGT QP's number (wc.qp_num) and the INI QP's (wc.src_qp); the SRQ limit
+ *     event fires as for a basic SRQ; ibv_open_qp gives a second handle on the TGT QP, in A
+ *     and (same host) in B, through A's agent.
+ *  2. A message naming an XRC SRQ of another domain (an fd -1 one): B's WR fails with
+ *     REM_INV_REQ_ERR, the TGT QP goes to ERR and every handle hears the event (B's too,
+ *     which then moves the QP to RESET).
+ *  3. The domain file closed and opened again names the same domain: an SRQ created
+ *     through the new handle takes messages from a TGT QP of the first.
+ *  4. (same host) B opens the domain on the same file: it exists for B (O_EXCL fails), it
+ *     outlives A's handles while B holds it, and once B died without closing it, it is
+ *     gone (no O_CREAT: EAGAIN).
+ * Run between hosts (tests/hosts/twoproc.sh) steps 1-3 are the same over RoCE v2.
+ */
+#include "common.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MR_LEN 65536
+#define MSG 64
+
+static int sock;
+static char path[] = "/tmp/softverbs-xrc-XXXXXX";
+
+struct a_info {
+	uint32_t tgt_qpn, srqn, other_srqn, srqn3, tgt2_qpn;
+	uint64_t addr;
+	uint32_t rkey;
+};
+
+static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
+{
+	struct ibv_xrcd_init_attr a = {0};
+	a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	a.fd = fd;
+	a.oflags = oflags;
+	return ibv_open_xrcd(ctx, &a);
+}
+
+static struct ibv_srq *xrc_srq(struct sv_dev *d, struct ibv_xrcd *x, struct ibv_cq *cq)
+{
+	struct ibv_srq_init_attr_ex a = {0};
+	a.attr.max_wr = 16;
+	a.attr.max_sge = 1;
+	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+		      IBV_SRQ_INIT_ATTR_CQ;
+	a.srq_type = IBV_SRQT_XRC;
+	a.pd = d->pd;
+	a.xrcd = x;
+	a.cq = cq;
+	struct ibv_srq *s = ibv_create_srq_ex(d->ctx, &a);
+	CHECK(s != NULL);
+	return s;
+}
+
+static uint32_t srq_num(struct ibv_srq *s)
+{
+	uint32_t n = 0;
+	CHECK_OK(ibv_get_srq_num(s, &n));
+	return n;
+}
+
+static struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
+{
+	struct ibv_qp_init_attr_ex a = {0};
+	a.qp_type = IBV_QPT_XRC_RECV;
+	a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	a.xrcd = x;
+	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	CHECK(qp != NULL);
+	return qp;
+}
+
+static struct ibv_qp *ini_qp(struct sv_dev *d, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr_ex a = {0};
+	a.qp_type = IBV_QPT_XRC_SEND;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD;
+	a.pd = d->pd;
+	a.send_cq = cq;
+	a.cap.max_send_wr = 16;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_wr = 4; /* an INI QP has no receive queue: ignored, reported 0 */
+	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	CHECK(qp != NULL);
+	CHECK_EQ(a.cap.max_recv_wr, 0);
+	return qp;
+}
+
+/* INIT, then RTR to dest (and RTS for an INI QP), with the masks the kernel's table wants
+ * for XRC: an INI QP takes no receive attributes (max_dest_rd_atomic: EINVAL). */
+static void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest, int ini)
+{
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	CHECK_OK(sv_modify_init(qp, &cfg));
+	struct ibv_qp_attr a = {0};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = cfg.mtu;
+	a.dest_qp_num = dest;
+	a.rq_psn = cfg.psn;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 1;
+	a.ah_attr.is_global = 1;
+	const union ibv_gid *peer = sv_peer_gid(qp);
+	a.ah_attr.grh.dgid = peer ? *peer : d->gid;
+	a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (ini)
+		CHECK_ERR(ibv_modify_qp(qp, &a, mask | IBV_QP_MAX_DEST_RD_ATOMIC), EINVAL);
+	else
+		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK_OK(ibv_modify_qp(qp, &a, mask));
+	if (ini)
+		CHECK_OK(sv_modify_rts(qp, &cfg));
+}
+
+static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint32_t srqn,
+		    struct ibv_mr *mr, size_t off, uint32_t len, uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = {sv_addr(mr, off), len, mr->lkey};
+	struct ibv_send_wr wr = {0}, *bad;
+	wr.wr_id = id;
+	wr.opcode = op;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+/* ---- B: the INI side ------------------------------------------------------------------ */
+
+static void peer_main(int s)
+{
+	sock = s;
+	struct sv_dev d;
+	sv_open(&d);
+	struct ibv_cq *cq = sv_create_cq(&d, 64, NULL, NULL);
+	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
+	struct ibv_qp *ini = ini_qp(&d, cq);
+	CHECK_ERR(ibv_post_recv(ini, &(struct ibv_recv_wr){0}, &(struct ibv_recv_wr *){0}), EINVAL);
+	struct a_info a, mine = {.tgt_qpn = ini->qp_num};
+	sv_exchange(sock, &mine, &a, sizeof(a));
+	sv_trade_gid(sock, ini);
+	connect_xrc(ini, &d, a.tgt_qpn, 1);
+	CHECK_EQ(sv_hear(sock), 1);
+	/* Same host: this process opens A's TGT QP too (its domain, through the file). */
+	struct ibv_xrcd *bx = NULL;
+	struct ibv_qp *bt = NULL;
+	if (!sv_peer_on_other_host()) {
+		int fd = open(path, O_RDONLY);
+		CHECK(fd >= 0);
+		bx = open_xrcd(d.ctx, fd, 0);
+		CHECK(bx != NULL);
+		close(fd);
+		struct ibv_qp_open_attr oa = {0};
+		oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+		oa.qp_num = a.tgt_qpn;
+		oa.xrcd = bx;
+		oa.qp_type = IBV_QPT_XRC_RECV;
+		bt = ibv_open_qp(d.ctx, &oa);
+		CHECKF(bt != NULL, "ibv_open_qp of A's TGT QP failed: %s", strerror(errno));
+		CHECK_EQ(bt->qp_num, a.tgt_qpn);
+		CHECK_EQ(sv_query_state(bt), IBV_QPS_RTR);
+		oa.qp_num = a.tgt_qpn + 1000; /* no such QP */
+		CHECK(ibv_open_qp(d.ctx, &oa) == NULL);
+	}
+
+	struct ibv_wc wc;
+	memset(sv_ptr(mr, 0), 'x', MSG);
+	CHECK_OK(post_xrc(ini, 1, IBV_WR_SEND, a.srqn, mr, 0, MSG, 0, 0));
+	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, ini, &wc);
+	memset(sv_ptr(mr, 1024), 'w', 8);
+	CHECK_OK(post_xrc(ini, 2, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 8, a.addr + 4096, a.rkey));
+	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, ini, &wc);
+	CHECK_OK(post_xrc(ini, 3, IBV_WR_RDMA_READ, a.srqn, mr, 2048, 8, a.addr + 8192, a.rkey));
+	sv_expect_wc(cq, 3, IBV_WC_SUCCESS, ini, &wc);
+	CHECKF(memcmp(sv_ptr(mr, 2048), "rrrrrrrr", 8) == 0, "READ brought the wrong bytes");
+	sv_say(sock, 2);
+
+	/* 2: an SRQ of another domain */
+	CHECK_EQ(sv_hear(sock), 3);
+	CHECK_OK(post_xrc(ini, 4, IBV_WR_SEND, a.other_srqn, mr, 0, MSG, 0, 0));
+	sv_expect_wc(cq, 4, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
+	if (bt) {
+		/* The TGT QP's event reached this process's handle; modify goes to A's QP. */
+		sv_expect_async(d.ctx, IBV_EVENT_QP_REQ_ERR, bt);
+		CHECK_EQ(sv_query_state(bt), IBV_QPS_ERR);
+		CHECK_OK(sv_modify_state(bt, IBV_QPS_RESET));
+		CHECK_EQ(sv_query_state(bt), IBV_QPS_RESET);
+		CHECK_OK(ibv_destroy_qp(bt));
+	}
+	CHECK_OK(ibv_destroy_qp(ini));
+	sv_say(sock, 4);
+
+	/* 3: a new INI QP to A's second TGT QP, at the SRQ made through the reopened file */
+	ini = ini_qp(&d, cq);
+	mine.tgt_qpn = ini->qp_num;
+	sv_exchange(sock, &mine, &a, sizeof(a));
+	sv_trade_gid(sock, ini);
+	connect_xrc(ini, &d, a.tgt2_qpn, 1);
+	CHECK_EQ(sv_hear(sock), 5);
+	CHECK_OK(post_xrc(ini, 5, IBV_WR_SEND, a.srqn3, mr, 0, MSG, 0, 0));
+	sv_expect_wc(cq, 5, IBV_WC_SUCCESS, ini, &wc);
+	CHECK_OK(ibv_destroy_qp(ini));
+	sv_say(sock, 6);
+
+	/* 4: the domain's file, from this process (same host only) */
+	if (!sv_peer_on_other_host()) {
+		int fd = open(path, O_RDONLY);
+		CHECK(fd >= 0);
+		CHECK(open_xrcd(d.ctx, fd, O_CREAT | O_EXCL) == NULL);
+		CHECK_EQ(errno, EINVAL); /* it exists: A holds it */
+		struct ibv_xrcd *x = open_xrcd(d.ctx, fd, 0);
+		CHECK(x != NULL);
+		sv_say(sock, 7);
+		CHECK_EQ(sv_hear(sock), 8);
+		/* Dies holding it: no ibv_close_xrcd, no cleanup. */
+		_exit(0);
+	}
+	sv_free_mr(mr);
+	CHECK_OK(ibv_destroy_cq(cq));
+	sv_close(&d);
+	_exit(0);
+}
+
+/* ---- A: the domain, its SRQs and TGT QPs ----------------------------------------------- */
+
+int main(void)
+{
+	sv_init("twoproc_xrc");
+	int tmp = mkstemp(path);
+	CHECK(tmp >= 0);
+	close(tmp);
+	pid_t pid;
+	sock = sv_fork_peer(peer_main, &pid);
+
+	struct sv_dev d;
+	sv_open(&d);
+	CHECKF(d.dev_attr.device_cap_flags & IBV_DEVICE_XRC, "IBV_DEVICE_XRC not reported");
+	struct ibv_cq *cq = sv_create_cq(&d, 64, NULL, NULL);
+	struct ibv_cq *cq2 = sv_create_cq(&d, 64, NULL, NULL);
+	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
+	memset(sv_ptr(mr, 8192), 'r', 8);
+
+	sv_step("open_xrcd: the flags' rules");
+	int fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	CHECK(open_xrcd(d.ctx, fd, 0) == NULL); /* no domain on the file yet, no O_CREAT */
+	CHECK_EQ(errno, EAGAIN);
+	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, O_CREAT | O_EXCL);
+	CHECK(x != NULL);
+	CHECK(open_xrcd(d.ctx, fd, O_CREAT | O_EXCL) == NULL);
+	CHECK_EQ(errno, EINVAL);
+	struct ibv_xrcd_init_attr bad = {.comp_mask = IBV_XRCD_INIT_ATTR_FD, .fd = fd};
+	CHECK(ibv_open_xrcd(d.ctx, &bad) == NULL); /* OFLAGS missing */
+	CHECK(open_xrcd(d.ctx, 12345, O_CREAT) == NULL);
+	CHECK_EQ(errno, EBADF);
+	struct ibv_xrcd *own = open_xrcd(d.ctx, -1, O_CREAT); /* a domain of its own */
+	CHECK(own != NULL);
+
+	struct ibv_srq *srq = xrc_srq(&d, x, cq);
+	struct ibv_srq *other = xrc_srq(&d, own, cq2);
+	CHECK(srq_num(srq) != srq_num(other));
+	struct ibv_qp *tgt = tgt_qp(&d, x);
+	CHECK_ERR(ibv_close_xrcd(x), EBUSY);
+
+	struct a_info a = {tgt->qp_num, srq_num(srq), srq_num(other), 0, 0, sv_addr(mr, 0),
+			   mr->rkey};
+	struct a_info b;
+	sv_exchange(sock, &a, &b, sizeof(a));
+	uint32_t ini_qpn = b.tgt_qpn; /* B sends its INI QP's number there */
+	sv_trade_gid(sock, tgt);
+	connect_xrc(tgt, &d, ini_qpn, 0);
+
+	sv_step("ibv_open_qp: a second handle on the TGT QP");
+	struct ibv_qp_open_attr oa = {0};
+	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	oa.qp_num = tgt->qp_num;
+	oa.xrcd = x;
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	struct ibv_qp *opened = ibv_open_qp(d.ctx, &oa);
+	CHECK(opened != NULL);
+	CHECK_EQ(opened->qp_num, tgt->qp_num);
+	CHECK_EQ(sv_query_state(opened), IBV_QPS_RTR);
+	oa.xrcd = own;
+	CHECK(ibv_open_qp(d.ctx, &oa) == NULL); /* not a QP of that domain */
+
+	sv_step("SEND, WRITE and READ at the XRC SRQ");
+	CHECK_OK(sv_post_srq_recv(srq, 100, mr, 0, MSG));
+	CHECK_OK(sv_post_srq_recv(srq, 101, mr, MSG, MSG));
+	struct ibv_srq_attr sa = {.srq_limit = 2};
+	CHECK_OK(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT));
+	sv_say(sock, 1);
+	struct ibv_wc wc;
+	sv_poll_one(cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_OPCODE(wc, IBV_WC_RECV);
+	CHECK_EQ(wc.wr_id, 100);
+	CHECK_EQ(wc.byte_len, MSG);
+	CHECK_EQ(wc.qp_num, tgt->qp_num); /* the TGT QP's number, as mlx5 reports it */
+	CHECK_EQ(wc.src_qp, ini_qpn);
+	CHECKF(sv_ptr(mr, 0)[0] == 'x' && sv_ptr(mr, 0)[MSG - 1] == 'x', "SEND payload");
+	sv_expect_async(d.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, srq);
+	CHECK_EQ(sv_hear(sock), 2);
+	CHECKF(memcmp(sv_ptr(mr, 4096), "wwwwwwww", 8) == 0, "WRITE did not land");
+	sv_expect_empty(cq2, "the other domain's SRQ CQ");
+
+	sv_step("an XRC SRQ of another domain: invalid request");
+	sv_say(sock, 3);
+	CHECK_EQ(sv_hear(sock), 4);
+	struct ibv_async_event ev[2];
+	for (int i = 0; i < 2; i++) {
+		CHECKF(sv_wait_async(d.ctx, 5000, &ev[i]) == 1, "TGT QP error event %d missing", i);
+		CHECK_EQ(ev[i].event_type, IBV_EVENT_QP_REQ_ERR);
+		ibv_ack_async_event(&ev[i]);
+	}
+	CHECKF((ev[0].element.qp == tgt && ev[1].element.qp == opened) ||
+		       (ev[0].element.qp == opened && ev[1].element.qp == tgt),
+	       "the event must reach both handles of the TGT QP");
+	/* On one host B's handle moved the QP to RESET (ibv_open_qp across processes). */
+	enum ibv_qp_state now = sv_peer_on_other_host() ? IBV_QPS_ERR : IBV_QPS_RESET;
+	CHECK_EQ(sv_query_state(opened), now);
+	CHECK_EQ(sv_query_state(tgt), now);
+	sv_expect_empty(cq2, "the other domain's SRQ CQ");
+	CHECK_OK(ibv_destroy_qp(tgt)); /* the QP lives on: `opened` still names it */
+	CHECK_EQ(sv_query_state(opened), now);
+	CHECK_OK(ibv_destroy_qp(opened));
+
+	sv_step("the domain file closed and opened again: the same domain");
+	close(fd);
+	fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct ibv_xrcd *x2 = open_xrcd(d.ctx, fd, 0);
+	CHECK(x2 != NULL);
+	struct ibv_srq *srq3 = xrc_srq(&d, x2, cq);
+	struct ibv_qp *tgt2 = tgt_qp(&d, x);
+	a.srqn3 = srq_num(srq3);
+	a.tgt2_qpn = tgt2->qp_num;
+	sv_exchange(sock, &a, &b, sizeof(a));
+	ini_qpn = b.tgt_qpn;
+	sv_trade_gid(sock, tgt2);
+	connect_xrc(tgt2, &d, ini_qpn, 0);
+	CHECK_OK(sv_post_srq_recv(srq3, 300, mr, 0, MSG));
+	sv_say(sock, 5);
+	sv_poll_one(cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 300);
+	CHECK_EQ(wc.qp_num, tgt2->qp_num);
+	CHECK_EQ(sv_hear(sock), 6);
+
+	sv_step("teardown; the domain outlives our handles while B holds it");
+	if (!sv_peer_on_other_host())
+		CHECK_EQ(sv_hear(sock), 7); /* B opened it too */
+	CHECK_OK(ibv_destroy_qp(tgt2));
+	CHECK_OK(ibv_destroy_srq(srq3));
+	CHECK_OK(ibv_destroy_srq(srq));
+	CHECK_OK(ibv_destroy_srq(other));
+	CHECK_OK(ibv_close_xrcd(x2));
+	CHECK_OK(ibv_close_xrcd(x));
+	CHECK_OK(ibv_close_xrcd(own));
+	if (!sv_peer_on_other_host()) {
+		struct ibv_xrcd *held = open_xrcd(d.ctx, fd, 0);
+		CHECKF(held != NULL, "B holds the domain: it exists");
+		CHECK_OK(ibv_close_xrcd(held));
+		sv_say(sock, 8);
+	}
+	sv_wait_peer(pid, "B");
+	if (!sv_peer_on_other_host()) {
+		sv_step("B died holding the domain: it is gone");
+		CHECK(open_xrcd(d.ctx, fd, 0) == NULL);
+		CHECK_EQ(errno, EAGAIN);
+		x = open_xrcd(d.ctx, fd, O_CREAT | O_EXCL);
+		CHECK(x != NULL);
+
+		sv_step("garbage in the domain's state file");
+		/* Who holds the domain is the file xrcd-<dev>-<ino> in the state directory
+		 * (docs/xrc.md); any process of the user can write anything there. */
+		struct stat st;
+		CHECK_OK(fstat(fd, &st));
+		const char *dir = getenv("SOFTVERBS_STATE_DIR");
+		char state[512], fallback[64];
+		if (!dir || !*dir) {
+			snprintf(fallback, sizeof(fallback), "/dev/shm/softverbs-%u", (unsigned)getuid());
+			dir = fallback;
+		}
+		snprintf(state, sizeof(state), "%s/xrcd-%llu-%llu", dir,
+			 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+		int sf = open(state, O_WRONLY);
+		CHECKF(sf >= 0, "no state file %s", state);
+		uint32_t junk[1100];
+		for (unsigned i = 0; i < 1100; i++)
+			junk[i] = 0x9e3779b9u * (i + 1);
+		junk[0] = 0x58524344; /* our magic, then a huge count and random holders */
+		junk[1] = 0xffffffffu;
+		CHECK(write(sf, junk, sizeof(junk)) == (ssize_t)sizeof(junk));
+		close(sf);
+		struct ibv_xrcd *again = open_xrcd(d.ctx, fd, 0);
+		CHECKF(again != NULL, "this process holds the domain whatever the file says");
+		CHECK_OK(ibv_close_xrcd(again));
+		CHECK_OK(ibv_close_xrcd(x));
+		CHECK(open_xrcd(d.ctx, fd, 0) == NULL); /* the garbage holders are not alive */
+		CHECK_EQ(errno, EAGAIN);
+	}
+	close(fd);
+	unlink(path);
+	sv_free_mr(mr);
+	CHECK_OK(ibv_destroy_cq(cq));
+	CHECK_OK(ibv_destroy_cq(cq2));
+	sv_close(&d);
+	sv_pass();
+	return 0;
+}
