@@ -86,7 +86,6 @@ struct Target {
 
 // RC and XRC acknowledge; UC and UD do not.
 bool reliable(ibv_qp_type type) { return type == IBV_QPT_RC || type == IBV_QPT_XRC_RECV; }
-bool reliable(const Qp* t) { return reliable(t->type); }
 bool reliable(const Target& tg) { return reliable(tg.type); }
 
 // The receive queue a message lands in: the QP's own or its SRQ. Holds its lock.

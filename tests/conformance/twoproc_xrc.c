@@ -401,8 +401,9 @@ int main(void)
 	struct ibv_qp *tgt = tgt_qp(&d, x);
 	CHECK_ERR(ibv_close_xrcd(x), EBUSY);
 
-	struct a_info a = {tgt->qp_num, srq_num(srq), srq_num(other), 0, 0, sv_addr(mr, 0),
-			   mr->rkey};
+	struct a_info a = {.tgt_qpn = tgt->qp_num, .srqn = srq_num(srq),
+			   .other_srqn = srq_num(other), .addr = sv_addr(mr, 0),
+			   .rkey = mr->rkey}; /* step 5's c_* come later */
 	struct a_info b;
 	sv_exchange(sock, &a, &b, sizeof(a));
 	uint32_t ini_qpn = b.tgt_qpn; /* B sends its INI QP's number there */

@@ -82,6 +82,8 @@ struct WireRequest {
   uint8_t dgid[16];
   WireIov iov[kMaxWireIov];
 };
+// tests/conformance/twoproc_agent_garbage.c speaks this layout by hand: change both.
+static_assert(sizeof(WireRequest) == 664, "WireRequest's layout is mirrored by a test");
 
 struct WireReply {
   uint32_t magic;
@@ -346,8 +348,13 @@ bool serve_one(const Server& srv, int fd) {
     close(fd);
     return false;
   }
-  if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic) return true;  // garbage
-  if (srv.delivery != (m.kind == kXrcDeliver) && m.kind != kProbe) return true;  // not this thread's
+  // Garbage, or a kind this thread does not serve: no softverbs peer sends it, and one whose
+  // stream is out of step would flood us with what we drop unanswered. Hang up on it.
+  if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic ||
+      (srv.delivery != (m.kind == kXrcDeliver) && m.kind != kProbe)) {
+    close(fd);
+    return false;
+  }
   if (m.kind == kKick) {
     if (QpRef qp = find_local(m.dst_qpn & 0xffffff)) srv.hooks.kick(qp.get());
     return true;
