@@ -244,9 +244,9 @@ int main(void)
 	CHECK(srq != NULL);
 	CHECK(sx.attr.max_wr >= 8);
 	struct ibv_srq_init_attr_ex bad = sx;
-	bad.srq_type = IBV_SRQT_XRC;
+	bad.srq_type = IBV_SRQT_XRC; /* without IBV_SRQ_INIT_ATTR_XRCD (twoproc_xrc) */
 	errno = 0;
-	CHECK(ibv_create_srq_ex(dev.ctx, &bad) == NULL && errno == EOPNOTSUPP);
+	CHECK(ibv_create_srq_ex(dev.ctx, &bad) == NULL && errno == EINVAL);
 	bad = sx;
 	bad.srq_type = IBV_SRQT_TM; /* without IBV_SRQ_INIT_ATTR_TM (twoproc_tag_matching) */
 	errno = 0;
