@@ -42,9 +42,28 @@ bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited, const ibv_wc_tm_info* tm 
 // as soon as it sees a message must not take the requester's acknowledgement with it.
 void defer_completions(bool on);
 bool completions_deferred();  // this thread holds completions back
-// Under cq->produce_mu: disarms the CQ if a completion (solicited or in error: `solicited`
-// true) should fire it; returns true exactly once per arming.
-bool cq_disarm_for(Cq* cq, bool solicited);
+
+// CQ moderation (core/cq_moderation.cpp).
+// What a completion does to the CQ's arm: `fire` its event now (the CQ is disarmed; true
+// at most once per arming), and whether the moderation deadline changed (`sync_timer`:
+// call cq_moderation_sync_timer once produce_mu is released).
+struct ArmStep {
+  bool fire = false;
+  bool sync_timer = false;
+};
+// Under cq->produce_mu, for a completion (`solicited`: it had the SE bit; `error`: its
+// status is not SUCCESS). A moderated CQ counts it and holds the event back.
+ArmStep cq_arm_step(Cq* cq, bool solicited, bool error);
+// Sets the CQ's timerfd to its moderation deadline (or disarms it). Not under produce_mu.
+void cq_moderation_sync_timer(Cq* cq);
+// The channel's waiter, for each CQ of the channel: fires the event held by moderation
+// once its period is over (`now_ns`: CLOCK_MONOTONIC). Returns true if it fired.
+bool cq_moderation_expire(Cq* cq, uint64_t now_ns);
+void cq_moderation_expire_all(const std::vector<Cq*>& cqs);  // the same, for the due ones
+// ibv_modify_cq's moderation, values already checked: 0 or an errno value.
+int cq_set_moderation(Cq* cq, uint16_t count, uint16_t period_us);
+// destroy_cq, once no waiter can reach the CQ: the timerfd leaves the channel and closes.
+void cq_moderation_close(Cq* cq);
 // Drops the completions of QP `qpn` not yet polled (a QP moved to RESET starts afresh,
 // as hardware providers do it).
 void cq_purge_qp(Cq* cq, uint32_t qpn);

@@ -13,14 +13,6 @@ void (*g_overrun)(Cq* cq, bool first) = nullptr;
 
 void set_cq_overrun_handler(void (*handler)(Cq* cq, bool first)) { g_overrun = handler; }
 
-bool cq_disarm_for(Cq* cq, bool solicited) {
-  int cur = cq->armed.load(std::memory_order_relaxed);
-  if (cur != wire::kArmNext && !(cur == wire::kArmSolicited && solicited)) return false;
-  cq->armed.store(wire::kArmNone, std::memory_order_relaxed);
-  cq->arm->store(wire::kArmNone, std::memory_order_relaxed);
-  return true;
-}
-
 namespace {
 struct DeferredCqe {
   Cq* cq;
@@ -44,7 +36,8 @@ CqeStamp take_stamp(unsigned kinds) {
 // it is taken here, under the lock, so that stamps follow the ring's order.
 bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held,
               const ibv_wc_tm_info* tm) {
-  bool fire = false, failed = false, first_failure = false;
+  bool failed = false, first_failure = false;
+  ArmStep step;
   {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
     uint64_t tail = cq->tail.load(std::memory_order_relaxed);
@@ -70,15 +63,15 @@ bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held,
         cq->stamps[slot] = stamp;
       }
       cq->tail.store(tail + 1, std::memory_order_release);
-      fire = cq_disarm_for(cq, solicited || wc.status != IBV_WC_SUCCESS) &&
-             cq->channel != nullptr && !cq->destroying;
+      step = cq_arm_step(cq, solicited, wc.status != IBV_WC_SUCCESS);
     }
   }
   if (failed) {
     if (g_overrun) g_overrun(cq, first_failure);
     return false;
   }
-  if (fire) cq->channel->events.push(cq);
+  if (step.fire) cq->channel->events.push(cq);
+  if (step.sync_timer) cq_moderation_sync_timer(cq);
   return true;
 }
 

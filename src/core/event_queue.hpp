@@ -72,6 +72,16 @@ class EventQueue {
     return wake_fd_;
   }
 
+  // Adds `fd` to what makes fd() readable (a CQ's moderation timer): a waiter wakes for it
+  // and its refill must read it. Returns 0 or an errno value.
+  int watch(int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return epoll_ctl(fd_, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+  }
+  void unwatch(int fd) { epoll_ctl(fd_, EPOLL_CTL_DEL, fd, nullptr); }
+
   void push(const T& item) {
     std::lock_guard<std::mutex> lock(mu_);
     items_.push_back(item);

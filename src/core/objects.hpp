@@ -290,6 +290,20 @@ struct Cq {
   bool polling = false;
   bool poll_current = false;
 
+  // CQ moderation (ibv_modify_cq; core/cq_moderation.cpp). While `moderated`, an armed CQ
+  // holds its event until mod_count CQEs that would fire it have come, or mod_period_us
+  // after the first of them, whichever is first. The period is a timerfd in the channel's
+  // epoll set, so a waiter on the channel fd wakes for it (no thread, no spinning).
+  bool moderated = false;       // under produce_mu: mod_count > 1, a period, a timer
+  uint16_t mod_count = 0;       // under produce_mu
+  uint16_t mod_period_us = 0;   // under produce_mu
+  uint32_t mod_pending = 0;     // under produce_mu: CQEs held since the CQ was armed
+  uint64_t mod_first_ns = 0;    // under produce_mu: CLOCK_MONOTONIC of the first of them
+  std::atomic<uint64_t> mod_deadline_ns{0};  // when the held event is due; 0: none held
+  std::mutex mod_timer_mu;      // orders the timerfd's settings (set outside produce_mu)
+  int mod_timer_fd = -1;        // created by the first ibv_modify_cq that needs it
+  std::atomic<uint64_t> mod_timer_at{0};  // what the timerfd is set to (0: disarmed)
+
   ibv_cq* cq() { return ibv_cq_ex_to_cq(&ibv); }
   static Cq* from(ibv_cq* c);
 };

@@ -145,6 +145,7 @@ int destroy_cq(Cq* cq) {
     ch->cqs.erase(std::remove(ch->cqs.begin(), ch->cqs.end(), cq), ch->cqs.end());
     if (cq->roce_fed.load()) ch->wire_cqs--;
   }
+  cq_moderation_close(cq);  // no waiter's refill reaches the CQ any more
   // Events not yet handed out vanish; those handed out must be acked first.
   if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
   drop_async_events_of(cq->ctx, EventElement::Cq, cq->cq());
@@ -269,6 +270,8 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
       // the CPU of an event).
       std::lock_guard<std::mutex> lock(ch->cqs_mu);
       for (Cq* c : ch->cqs) take_inbound(c, 0, nullptr);
+      // Events that moderation held and whose period is over (their timerfd woke us).
+      cq_moderation_expire_all(ch->cqs);
     }
     // Packets from the wire become completions (and the armed CQs' events) here.
     if (wire) engine::roce_poll();

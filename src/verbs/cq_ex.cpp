@@ -192,11 +192,16 @@ ibv_cq_ex* create_cq_ex(Context* ctx, const ibv_cq_init_attr_ex* attr) {
   return &cq->ibv;
 }
 
-// CQ moderation is not implemented: events fire per completion, and ibv_query_device_ex
-// says so (cq_mod_caps 0).
-int modify_cq(Cq*, const ibv_modify_cq_attr* attr) {
-  if (!attr || (attr->attr_mask & ~uint32_t(IBV_CQ_ATTR_MODERATE))) return EINVAL;
-  return EOPNOTSUPP;
+// CQ moderation (core/cq_moderation.cpp has the semantics). The checks are those of the
+// stack mlx5 sits in: rdma-core's ibv_cmd_modify_cq (a mask bit from IBV_CQ_ATTR_RESERVED
+// up: EINVAL), the kernel's ib_uverbs_ex_modify_cq (no bit: EINVAL) and mlx5_ib_modify_cq
+// (a period over the 12-bit CQ context field: EINVAL); the count is 16 bits, as there.
+int modify_cq(Cq* cq, const ibv_modify_cq_attr* attr) {
+  if (!attr || attr->attr_mask == 0 || attr->attr_mask >= IBV_CQ_ATTR_RESERVED) return EINVAL;
+  static_assert(sizeof(attr->moderate.cq_count) == 2 && kMaxCqModerationCount == 0xffff,
+                "every cq_count fits; only the period has a limit below its type's");
+  if (attr->moderate.cq_period > kMaxCqModerationPeriod) return EINVAL;
+  return cq_set_moderation(cq, attr->moderate.cq_count, attr->moderate.cq_period);
 }
 
 // comp_mask in: what is asked; out: what was filled (bits we do not know stay unanswered).
@@ -216,7 +221,8 @@ int query_rt_values(ibv_values_ex* values) {
 void fill_cq_ex_attr(ibv_device_attr_ex* attr) {
   attr->completion_timestamp_mask = kCompletionTimestampMask;
   attr->hca_core_clock = kCompletionClockKhz;
-  attr->cq_mod_caps = {};
+  attr->cq_mod_caps.max_cq_count = kMaxCqModerationCount;
+  attr->cq_mod_caps.max_cq_period = kMaxCqModerationPeriod;
 }
 
 }  // namespace softverbs

@@ -133,7 +133,11 @@ uint64_t cq_gather(Cq* cq);
 // Extended CQs (verbs/cq_ex.cpp): the same Cq, its ring, events and overrun, read through
 // the ibv_cq_ex poll API as well as ibv_poll_cq.
 ibv_cq_ex* create_cq_ex(Context* ctx, const ibv_cq_init_attr_ex* attr);
-int modify_cq(Cq* cq, const ibv_modify_cq_attr* attr);  // EOPNOTSUPP: no moderation
+// CQ moderation's limits (ibv_query_device_ex cq_mod_caps), mlx5's: the CQ context's
+// cq_max_count (16 bits) and cq_period (12 bits, microseconds).
+inline constexpr uint16_t kMaxCqModerationCount = 0xffff;
+inline constexpr uint16_t kMaxCqModerationPeriod = 0xfff;
+int modify_cq(Cq* cq, const ibv_modify_cq_attr* attr);  // IBV_CQ_ATTR_MODERATE; 0 or errno
 // ibv_query_rt_values_ex: the completion clock now (IBV_VALUES_MASK_RAW_CLOCK).
 int query_rt_values(ibv_values_ex* values);
 // What ibv_query_device_ex reports about extended CQs (timestamps, moderation).
