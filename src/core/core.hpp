@@ -76,6 +76,9 @@ void set_cq_overrun_handler(void (*handler)(Cq* cq, bool first));
 // no SRQ of this process has the number in `domain`.
 std::shared_mutex& xrc_srq_lock();
 Srq* find_xrc_srq_locked(uint32_t srq_num, const XrcDomain* domain);
+// The same for a message that arrived on a TGT QP of another process: the SRQ's domain
+// must be the shared one of the file (dev, ino).
+Srq* find_shared_xrc_srq_locked(uint32_t srq_num, uint64_t dev, uint64_t ino);
 uint32_t add_xrc_srq(Srq* srq);  // its number; 0 when none is left
 void remove_xrc_srq(uint32_t srq_num);
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -59,7 +60,14 @@ struct CompChannel;
 struct Qp;
 struct Srq;
 struct Xrcd;
-struct XrcDomain;  // verbs/xrc.cpp: one XRC domain, however many handles name it
+// One XRC domain of this process, however many handles name it (verbs/xrc.cpp). Shared
+// ones are named by (dev, ino) of the file, on the whole host.
+struct XrcDomain {
+  bool shared = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  int handles = 0;  // open Xrcd handles in this process (under verbs/xrc.cpp's lock)
+};
 
 // What a context shares with the contexts imported from it (ibv_import_device(3)): its PD
 // handles, so that ibv_import_pd finds them (verbs/import.cpp). The last context holding it

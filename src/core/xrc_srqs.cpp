@@ -27,6 +27,15 @@ Srq* find_xrc_srq_locked(uint32_t srq_num, const XrcDomain* domain) {
   return it->second;
 }
 
+Srq* find_shared_xrc_srq_locked(uint32_t srq_num, uint64_t dev, uint64_t ino) {
+  auto it = g_srqs.find(srq_num);
+  if (it == g_srqs.end()) return nullptr;
+  const XrcDomain* d = it->second->xrc_domain.get();
+  if (!d || !d->shared || static_cast<uint64_t>(d->dev) != dev || static_cast<uint64_t>(d->ino) != ino)
+    return nullptr;
+  return it->second;
+}
+
 uint32_t add_xrc_srq(Srq* srq) {
   const uint32_t base = static_cast<uint32_t>(wire::my_slot()) << wire::kQpnSlotShift;
   std::unique_lock lock(g_mu);

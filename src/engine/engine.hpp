@@ -64,6 +64,8 @@ void kick_qpn(uint32_t qpn);
 
 // Executes one request on the target QP `t` of this process (the responder role).
 Outcome respond(const wire::Request& req, Qp* t);
+// A message another process's TGT QP took for an XRC SRQ of ours (wire::EngineHooks).
+Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& tgt, int* tgt_error);
 
 // The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
 // last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.

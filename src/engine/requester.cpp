@@ -163,6 +163,7 @@ void kick_qpn(uint32_t qpn) { wire::kick(qpn); }
 void start() {
   wire::EngineHooks hooks;
   hooks.respond = &respond;
+  hooks.respond_xrc = &respond_xrc;
   // Kicks that reach us (a peer posted a receive we were waiting for) run on the progress
   // thread, never on the caller's: the agent must not block on other processes.
   hooks.kick = [](Qp* qp) { schedule_kick(qp->qpn(), Clock::now()); };

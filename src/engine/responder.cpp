@@ -2,6 +2,9 @@
 // queue, and writes the target's receive completions.
 #include <arpa/inet.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -13,6 +16,8 @@
 #include "core/core.hpp"
 #include "engine/tm.hpp"
 #include "wire/roce/grh.hpp"
+#include "wire/registry.hpp"
+#include "wire/shm/agent.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {
@@ -56,23 +61,37 @@ namespace {
 // Where a request lands on target QP `qp`: its receive queue or SRQ, the PD its memory
 // is checked against, the CQ of its receives. For an XRC TGT QP: the XRC SRQ the message
 // names, that SRQ's PD and CQ (IBA 9.x: XRC checks memory against the XRC SRQ's PD).
+// A message of another process's TGT QP for an XRC SRQ of ours has no `qp` here: what
+// must happen to that QP goes back in *tgt_error (respond_xrc).
 struct Target {
   Qp* qp;
   Srq* srq;
   Pd* pd;
   Cq* recv_cq;
+  uint32_t qpn;
+  ibv_qp_type type;
+  int* tgt_error = nullptr;
   explicit Target(Qp* t, Srq* xrc = nullptr)
       : qp(t), srq(xrc ? xrc : t->srq), pd(xrc ? xrc->pd : t->pd),
-        recv_cq(xrc ? xrc->xrc_cq : t->recv_cq) {}
+        recv_cq(xrc ? xrc->xrc_cq : t->recv_cq), qpn(t->qpn()), type(t->type) {}
+  Target(Srq* xrc, uint32_t tgt_qpn, int* error)
+      : qp(nullptr), srq(xrc), pd(xrc->pd), recv_cq(xrc->xrc_cq), qpn(tgt_qpn),
+        type(IBV_QPT_XRC_RECV), tgt_error(error) {}
+  // The QP goes to ERR with `event` (-1: none): here, or in the TGT QP's process.
+  void to_error(int event) const {
+    if (qp) set_error(qp, event);
+    else *tgt_error = event;
+  }
 };
 
 // RC and XRC acknowledge; UC and UD do not.
-bool reliable(const Qp* t) { return t->type == IBV_QPT_RC || t->type == IBV_QPT_XRC_RECV; }
+bool reliable(ibv_qp_type type) { return type == IBV_QPT_RC || type == IBV_QPT_XRC_RECV; }
+bool reliable(const Target& tg) { return reliable(tg.type); }
 
 // The receive queue a message lands in: the QP's own or its SRQ. Holds its lock.
 class RecvQueue {
  public:
-  explicit RecvQueue(const Target& tg)
+  explicit RecvQueue(const Target& tg)  // tg.qp is there unless tg.srq is
       : t_(tg.qp), srq_(tg.srq), lock_(srq_ ? srq_->mu : t_->rq_mu), q_(srq_ ? srq_->rq : t_->rq) {}
   bool empty() const { return q_.empty(); }
   // Remember a sender that met an empty queue, to retry it once a receive is posted.
@@ -83,7 +102,7 @@ class RecvQueue {
   void consume() {
     q_.pop_front();
     // The peer's window counts receives spoken for; this one was taken off the ring path.
-    if (wire::WindowHeader* w = t_->window.load(std::memory_order_relaxed))
+    if (wire::WindowHeader* w = t_ ? t_->window.load(std::memory_order_relaxed) : nullptr)
       w->rq_taken.fetch_add(1, std::memory_order_relaxed);
     if (Srq* srq = srq_; srq && srq->limit && q_.size() < srq->limit) {
       srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
@@ -114,23 +133,23 @@ TargetAttrs target_attrs(Qp* t) {
 
 // A responder-side fault: on RC the responder QP reacts as the error table says and the
 // requester gets its NAK status. UC has no NAKs: the message is silently dropped.
-Outcome fault(Qp* t, Fault f) {
-  if (!reliable(t)) return {Outcome::Ack};
+Outcome fault(const Target& tg, Fault f) {
+  if (!reliable(tg)) return {Outcome::Ack};
   const FaultRule rule = fault_rule(f);
-  if (rule.responder_to_error) set_error(t, rule.responder_event);
+  if (rule.responder_to_error) tg.to_error(rule.responder_event);
   return {Outcome::Error, rule.requester_status};
 }
+Outcome fault(Qp* t, Fault f) { return fault(Target(t), f); }
 
 // A fault met while delivering into a receive WQE: the WQE completes in error, and a
 // connected QP goes to ERR. UD keeps its QP running (the datagram is just lost).
 Outcome receive_fault(const Target& tg, ibv_wc* wc, Fault f) {
-  Qp* t = tg.qp;
   const FaultRule rule = fault_rule(f);
   wc->status = rule.responder_status;
   cq_push(tg.recv_cq, *wc, false);
-  if (t->type == IBV_QPT_UD) return {Outcome::Ack};
-  if (rule.responder_to_error) set_error(t, rule.responder_event);
-  if (!reliable(t)) return {Outcome::Ack};
+  if (tg.type == IBV_QPT_UD) return {Outcome::Ack};
+  if (rule.responder_to_error) tg.to_error(rule.responder_event);
+  if (!reliable(tg)) return {Outcome::Ack};
   return {Outcome::Error, rule.requester_status};
 }
 
@@ -139,20 +158,20 @@ Outcome receive_fault(const Target& tg, ibv_wc* wc, Fault f) {
 Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload, uint8_t rnr_timer) {
   Qp* t = tg.qp;
   // A tag matching SRQ matches SENDs first (engine/tm_responder.cpp).
-  if (payload && t->srq && t->srq->tm && req.opcode != IBV_WR_SEND_WITH_INV)
+  if (payload && t && t->srq && t->srq->tm && req.opcode != IBV_WR_SEND_WITH_INV)
     return deliver_tagged(req, t, rnr_timer);
   const uint64_t len = req.length;
   RecvQueue rq(tg);
   if (rq.empty()) {
-    if (!reliable(t)) return {Outcome::Ack};  // UC/UD: dropped
+    if (!reliable(tg)) return {Outcome::Ack};  // UC/UD: dropped
     rq.add_waiter(req.src_qpn);
     return {Outcome::RnrNak, IBV_WC_SUCCESS, rnr_timer};
   }
   const RecvWqe& r = rq.front();  // stays in its slot until consumed: nothing is pushed meanwhile
-  bool ud = t->type == IBV_QPT_UD;
+  bool ud = tg.type == IBV_QPT_UD;
   ibv_wc wc{};
   wc.wr_id = r.wr_id;
-  wc.qp_num = t->qpn();
+  wc.qp_num = tg.qpn;
   wc.src_qp = req.src_qpn;
   wc.pkey_index = 0;
   wc.opcode = payload ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM;
@@ -203,7 +222,7 @@ Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload
   if (req.opcode == IBV_WR_SEND_WITH_INV) {
     // The data landed; then the named window of this QP goes (rxe's order). One that
     // cannot be invalidated fails the receive and the QP (IBA class J).
-    if (!MrTable::instance().invalidate(req.imm, tg.pd, t->qpn(), true)) {
+    if (!MrTable::instance().invalidate(req.imm, tg.pd, tg.qpn, true)) {
       rq.consume();
       return receive_fault(tg, &wc, Fault::RemoteInvalidate);
     }
@@ -217,14 +236,17 @@ Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload
 }
 
 // FLUSH (IBA 1.5): it needs the flush access of its placement type from the QP and the MR.
-Outcome respond_flush(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
-  if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
+Outcome run_request(const wire::Request& req, const Target& tg, const TargetAttrs& ta);
+Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta);
+
+Outcome respond_flush(const wire::Request& req, const Target& tg, const TargetAttrs& ta) {
+  if (tg.type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(tg, Fault::RemoteInvalid);
   auto type = static_cast<uint8_t>(req.compare_add), level = static_cast<uint8_t>(req.swap);
   unsigned need = ((type & kFlushGlobal) ? kAccessFlushGlobal : 0) |
                   ((type & kFlushPersistent) ? kAccessFlushPersistent : 0);
-  if ((ta.access & need) != need) return fault(t, Fault::RemoteAccess);
-  if (!flush_memory(t->pd, req.rkey, req.remote_addr, req.length, type, level))
-    return fault(t, Fault::RemoteAccess);
+  if ((ta.access & need) != need) return fault(tg, Fault::RemoteAccess);
+  if (!flush_memory(tg.pd, req.rkey, req.remote_addr, req.length, type, level))
+    return fault(tg, Fault::RemoteAccess);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(req.length)};
 }
 
@@ -238,7 +260,6 @@ Outcome respond(const wire::Request& req, Qp* t) {
     std::lock_guard<QueueMutex> lock(t->rq_mu);
     drain_window_locked(t);
   }
-  const uint64_t len = req.length;
   const bool xrc = t->type == IBV_QPT_XRC_RECV;
   if (xrc ? req.type != IBV_QPT_XRC_SEND : t->type != req.type) return {Outcome::NoResponse};
   int st = t->state.load();
@@ -259,38 +280,49 @@ Outcome respond(const wire::Request& req, Qp* t) {
   }
 
   // XRC: the message names an XRC SRQ, which must be one of the TGT QP's domain (else
-  // the NAK an invalid request gets). It stays findable until we are done.
+  // the NAK an invalid request gets). It stays findable until we are done. One of
+  // another process of this host takes the message there.
   std::shared_lock xrc_srqs(xrc_srq_lock(), std::defer_lock);
   Srq* xrc_srq = nullptr;
+  if (xrc && wire::slot_of_qpn(req.xrc_srqn) != wire::my_slot()) {
+    keys.unlock();  // nothing of ours is touched, and the other process may take a while
+    return forward_xrc(req, t, ta);
+  }
   if (xrc) {
     xrc_srqs.lock();
     xrc_srq = find_xrc_srq_locked(req.xrc_srqn, t->xrc_domain.get());
     if (!xrc_srq) return fault(t, Fault::RemoteInvalid);
   }
-  const Target tg(t, xrc_srq);
+  return run_request(req, Target(t, xrc_srq), ta);
+}
 
-  if (req.opcode == kWrFlush) return respond_flush(req, t, ta);  // not in the 44 enum
+namespace {
+
+// The operation itself, at target `tg` (the QP's checks are done).
+Outcome run_request(const wire::Request& req, const Target& tg, const TargetAttrs& ta) {
+  const uint64_t len = req.length;
+  if (req.opcode == kWrFlush) return respond_flush(req, tg, ta);  // not in the 44 enum
   switch (req.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
       return deliver_receive(req, tg, true, ta.min_rnr_timer);
     case IBV_WR_SEND_WITH_INV:
-      if (t->type != IBV_QPT_RC) return fault(t, Fault::RemoteInvalid);
+      if (tg.type != IBV_QPT_RC) return fault(tg, Fault::RemoteInvalid);
       return deliver_receive(req, tg, true, ta.min_rnr_timer);
 
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
-      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
+      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(tg, Fault::RemoteAccess);
       iovec dst{};
-      if (len && !resolve_rkey(tg.pd, t->qpn(), req.rkey, req.remote_addr, len,
+      if (len && !resolve_rkey(tg.pd, tg.qpn, req.rkey, req.remote_addr, len,
                                IBV_ACCESS_REMOTE_WRITE, &dst))
-        return fault(t, Fault::RemoteAccess);
+        return fault(tg, Fault::RemoteAccess);
       if (req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         // The data must land before the receive completion says so; check for a receive
         // WQE first so that an RNR NAK leaves memory untouched.
         RecvQueue probe(tg);
         if (probe.empty()) {
-          if (!reliable(t)) return {Outcome::Ack};
+          if (!reliable(tg)) return {Outcome::Ack};
           probe.add_waiter(req.src_qpn);
           return {Outcome::RnrNak, IBV_WC_SUCCESS, ta.min_rnr_timer};
         }
@@ -302,25 +334,25 @@ Outcome respond(const wire::Request& req, Qp* t) {
     }
 
     case IBV_WR_RDMA_READ: {
-      if (!reliable(t) || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
-      if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(t, Fault::RemoteAccess);
+      if (!reliable(tg) || ta.max_dest_rd_atomic == 0) return fault(tg, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_READ)) return fault(tg, Fault::RemoteAccess);
       iovec src{};
-      if (len && !resolve_rkey(tg.pd, t->qpn(), req.rkey, req.remote_addr, len,
+      if (len && !resolve_rkey(tg.pd, tg.qpn, req.rkey, req.remote_addr, len,
                                IBV_ACCESS_REMOTE_READ, &src))
-        return fault(t, Fault::RemoteAccess);
+        return fault(tg, Fault::RemoteAccess);
       if (len && !wire::copy_to_requester(req, &src, 1, len)) return {Outcome::NoResponse};
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
     }
 
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-      if (!reliable(t) || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
-      if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(t, Fault::RemoteAccess);
-      if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
+      if (!reliable(tg) || ta.max_dest_rd_atomic == 0) return fault(tg, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_ATOMIC)) return fault(tg, Fault::RemoteAccess);
+      if (req.remote_addr % 8 != 0) return fault(tg, Fault::RemoteInvalid);
       iovec target{};
-      if (!resolve_rkey(tg.pd, t->qpn(), req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC,
+      if (!resolve_rkey(tg.pd, tg.qpn, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC,
                         &target))
-        return fault(t, Fault::RemoteAccess);
+        return fault(tg, Fault::RemoteAccess);
       // The responder runs in the process that owns the memory: a real CPU atomic.
       auto* word = static_cast<uint64_t*>(target.iov_base);
       uint64_t old;
@@ -338,20 +370,107 @@ Outcome respond(const wire::Request& req, Qp* t) {
 
     // IBA 1.5: 8 bytes stored at once, with REMOTE_WRITE (as rxe); RC only.
     case IBV_WR_ATOMIC_WRITE: {
-      if (t->type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(t, Fault::RemoteInvalid);
-      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(t, Fault::RemoteAccess);
-      if (req.remote_addr % 8 != 0) return fault(t, Fault::RemoteInvalid);
+      if (tg.type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(tg, Fault::RemoteInvalid);
+      if (!(ta.access & IBV_ACCESS_REMOTE_WRITE)) return fault(tg, Fault::RemoteAccess);
+      if (req.remote_addr % 8 != 0) return fault(tg, Fault::RemoteInvalid);
       iovec target{};
-      if (!resolve_sge(t->pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, &target))
-        return fault(t, Fault::RemoteAccess);
+      if (!resolve_sge(tg.pd, req.rkey, req.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, &target))
+        return fault(tg, Fault::RemoteAccess);
       uint64_t value = req.compare_add;  // the bytes as they lie in the requester's memory
       __atomic_store_n(static_cast<uint64_t*>(target.iov_base), value, __ATOMIC_SEQ_CST);
       return {Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
     }
 
     default:
-      return fault(t, Fault::RemoteInvalid);
+      return fault(tg, Fault::RemoteInvalid);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Anonymous memory for a message on its way through this process: pages cost only as
+// they are written, and a length that cannot be had is a failed map, never an exception.
+class StagedMessage {
+ public:
+  explicit StagedMessage(uint64_t bytes) {
+    if (bytes == 0) return;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) at_ = {p, bytes};
+  }
+  ~StagedMessage() {
+    if (at_.iov_base) munmap(at_.iov_base, at_.iov_len);
+  }
+  StagedMessage(const StagedMessage&) = delete;
+  StagedMessage& operator=(const StagedMessage&) = delete;
+  bool ok(uint64_t bytes) const { return at_.iov_len >= bytes; }
+  const iovec* iov() const { return &at_; }
+
+ private:
+  iovec at_{};
+};
+
+bool carries_payload(ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+         op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+uint64_t returned_bytes(const wire::Request& req) {
+  if (req.opcode == IBV_WR_RDMA_READ) return req.length;
+  if (req.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || req.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) return 8;
+  return 0;
+}
+
+// A message on our TGT QP `t` for an XRC SRQ of another process of this host. Only a
+// domain shared through a file has SRQs elsewhere. The payload goes by way of our memory
+// (that process reads only from the process the kernel says asked it), and that process's
+// delivery thread runs the operation on its SRQ, its memory and its CQ; what our QP must
+// do (ERR, an event) comes back. A process that is not there has no SRQ: invalid request.
+Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
+  const int slot = wire::slot_of_qpn(req.xrc_srqn);
+  const XrcDomain* d = t->xrc_domain.get();
+  if (!d || !d->shared || slot <= 0 || slot >= wire::kSlots || wire::slot_owner(slot) <= 0)
+    return fault(t, Fault::RemoteInvalid);
+  const uint64_t in = carries_payload(req.opcode) ? req.length : 0;
+  const uint64_t back = returned_bytes(req);
+  StagedMessage staged(std::max(in, back));
+  if (!staged.ok(std::max(in, back))) return {Outcome::NoResponse};  // the requester retries
+  if (in && !wire::copy_from_requester(req, staged.iov(), 1, in)) return {Outcome::NoResponse};
+  wire::Request fwd = req;
+  fwd.local = staged.iov();
+  fwd.nlocal = std::max(in, back) ? 1 : 0;
+  fwd.pid = wire::self_pid();
+  wire::XrcTarget x;
+  x.tgt_qpn = t->qpn();
+  x.access = ta.access;
+  x.min_rnr_timer = ta.min_rnr_timer;
+  x.max_dest_rd_atomic = ta.max_dest_rd_atomic;
+  x.dev = static_cast<uint64_t>(d->dev);
+  x.ino = static_cast<uint64_t>(d->ino);
+  Outcome out;
+  int tgt_error = wire::kXrcTgtFine;
+  if (!wire::agent_xrc_deliver(slot, fwd, x, &out, &tgt_error)) return fault(t, Fault::RemoteInvalid);
+  if (tgt_error != wire::kXrcTgtFine) set_error(t, tgt_error);
+  if (out.kind == Outcome::Ack && back && !wire::copy_to_requester(req, staged.iov(), 1, back))
+    return {Outcome::NoResponse};
+  return out;
+}
+
+}  // namespace
+
+Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& x, int* tgt_error) {
+  *tgt_error = wire::kXrcTgtFine;
+  std::shared_lock keys(MrTable::instance().lock());  // keys before queues, always
+  std::shared_lock xrc_srqs(xrc_srq_lock());
+  Srq* srq = find_shared_xrc_srq_locked(req.xrc_srqn, x.dev, x.ino);
+  if (!srq) {  // none of that number, or of another domain: an invalid request
+    const FaultRule rule = fault_rule(Fault::RemoteInvalid);
+    *tgt_error = rule.responder_event;
+    return {Outcome::Error, rule.requester_status};
+  }
+  const TargetAttrs ta{req.src_qpn, x.access, x.min_rnr_timer, x.max_dest_rd_atomic, 0};
+  return run_request(req, Target(srq, x.tgt_qpn, tgt_error), ta);
 }
 
 }  // namespace softverbs::engine

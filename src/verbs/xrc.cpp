@@ -31,14 +31,6 @@
 
 namespace softverbs {
 
-// One XRC domain of this process. Shared ones are named by (dev, ino) of the file.
-struct XrcDomain {
-  bool shared = false;
-  dev_t dev = 0;
-  ino_t ino = 0;
-  int handles = 0;  // open Xrcd handles in this process (under g_domains_mu)
-};
-
 namespace {
 
 // ---- Which processes hold a shared domain open (the state file) -------------------------
@@ -455,6 +447,8 @@ void install_xrc_hooks() {
   h.close = &remote_close;
   h.event = &remote_event;
   wire::set_xrc_hooks(h);
+  // Our XRC SRQs take messages of other processes' TGT QPs of the domain.
+  wire::start_xrc_delivery();
 }
 
 // ibv_open_qp of a TGT QP another process of the domain created: its agent counts our

@@ -98,10 +98,26 @@ class QpRef {
   std::atomic<int>* users_ = nullptr;
 };
 
+// XRC: a message that arrived on a TGT QP of another process and names an XRC SRQ of
+// this one. What that process tells of its TGT QP (the domain by its file's inode).
+struct XrcTarget {
+  uint32_t tgt_qpn = 0;
+  unsigned access = 0;  // the TGT QP's qp_access_flags
+  uint8_t min_rnr_timer = 0;
+  uint8_t max_dest_rd_atomic = 0;
+  uint64_t dev = 0, ino = 0;
+};
+// What the TGT QP's process must do to its QP after such a message: nothing, or ERR with
+// `event` (-1: none).
+inline constexpr int kXrcTgtFine = -2;
+
 // What the engine does for the transports, on QPs of this process.
 struct EngineHooks {
   // The responder: runs `req` on the local QP `target`.
   Reply (*respond)(const Request& req, Qp* target) = nullptr;
+  // The responder for a message another process's TGT QP took: runs `req` on our XRC SRQ
+  // req.xrc_srqn (its memory, its CQ); *tgt_error says what the TGT QP must do.
+  Reply (*respond_xrc)(const Request& req, const XrcTarget& tgt, int* tgt_error) = nullptr;
   // Retries a local QP's send queue soon (RNR waiters).
   void (*kick)(Qp* qp) = nullptr;
 };

@@ -21,18 +21,20 @@ static int sock;
 static void say(int v) { sv_say(sock, v); }
 static int hear(void) { return sv_hear(sock); }
 
-/* A request to an agent (src/wire/agent.cpp, WireRequest). */
+/* A request to an agent (src/wire/shm/agent.cpp, WireRequest); keep the two in step: a
+ * request of another size is garbage to the agent, which hangs up on it. */
 struct wire_request {
 	uint32_t magic, kind, src_qpn, dst_qpn, type, opcode, flags, imm, rkey, qkey, niov;
 	uint32_t copy_mode;
-	uint32_t xrc_srqn, reserved;
+	uint32_t xrc_srqn, xrc_access;
 	uint64_t remote_addr, compare_add, swap, length;
+	uint64_t xrc_dev, xrc_ino;
 	uint8_t sgid[16], dgid[16];
 	struct {
 		uint64_t addr, len;
 	} iov[33];
 };
-_Static_assert(sizeof(struct wire_request) == 648, "WireRequest changed");
+_Static_assert(sizeof(struct wire_request) == 664, "WireRequest changed");
 #define WIRE_MAGIC 0x53565731u
 #define WIRE_EXECUTE 1
 #define WIRE_THROUGH_SOCKET 1

@@ -14,6 +14,12 @@
  *  4. (same host) B opens the domain on the same file: it exists for B (O_EXCL fails), it
  *     outlives A's handles while B holds it, and once B died without closing it, it is
  *     gone (no O_CREAT: EAGAIN).
+ *  5. (same host) Three processes: C (a second child of A, always on A's host) opens the
+ *     domain and owns an XRC SRQ; B's INI QP sends through A's TGT QP into C's SRQ: SEND
+ *     (completion in C: wc.qp_num the TGT QP, wc.src_qp the INI QP), WRITE and READ at
+ *     C's memory (the SRQ's PD), a SEND that meets C's SRQ empty and waits (RNR) until C
+ *     posts; then a garbage SRQ number in C's range and, once C died, C's SRQ number:
+ *     REM_INV_REQ_ERR, the TGT QP to ERR with IBV_EVENT_QP_REQ_ERR.
  * Run between hosts (tests/hosts/twoproc.sh) steps 1-3 are the same over RoCE v2.
  */
 #include "common.h"
@@ -34,7 +40,16 @@ struct a_info {
 	uint32_t tgt_qpn, srqn, other_srqn, srqn3, tgt2_qpn;
 	uint64_t addr;
 	uint32_t rkey;
+	uint32_t c_srqn, c_rkey; /* step 5: C's XRC SRQ and memory */
+	uint64_t c_addr;
 };
+
+/* Step 5 runs on one host only: a TGT QP's messages for an XRC SRQ of another process go
+ * through the SRQ owner's agent; over RoCE v2 that is not done yet (docs/xrc.md). */
+static int three_processes(void)
+{
+	return !sv_peer_on_other_host();
+}
 
 static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
 {
@@ -218,6 +233,47 @@ static void peer_main(int s)
 	CHECK_OK(ibv_destroy_qp(ini));
 	sv_say(sock, 6);
 
+	/* 5: through A's TGT QP into C's XRC SRQ */
+	if (three_processes()) {
+		ini = ini_qp(&d, cq);
+		mine.tgt_qpn = ini->qp_num;
+		sv_exchange(sock, &mine, &a, sizeof(a));
+		sv_trade_gid(sock, ini);
+		connect_xrc(ini, &d, a.tgt2_qpn, 1);
+		CHECK_EQ(sv_hear(sock), 30);
+		memset(sv_ptr(mr, 0), 'c', MSG);
+		CHECK_OK(post_xrc(ini, 50, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
+		sv_expect_wc(cq, 50, IBV_WC_SUCCESS, ini, &wc);
+		memset(sv_ptr(mr, 1024), 'W', 8);
+		CHECK_OK(post_xrc(ini, 51, IBV_WR_RDMA_WRITE, a.c_srqn, mr, 1024, 8, a.c_addr + 4096,
+				  a.c_rkey));
+		sv_expect_wc(cq, 51, IBV_WC_SUCCESS, ini, &wc);
+		CHECK_OK(post_xrc(ini, 52, IBV_WR_RDMA_READ, a.c_srqn, mr, 2048, 8, a.c_addr + 8192,
+				  a.c_rkey));
+		sv_expect_wc(cq, 52, IBV_WC_SUCCESS, ini, &wc);
+		CHECKF(memcmp(sv_ptr(mr, 2048), "CCCCCCCC", 8) == 0, "READ of C's memory");
+		/* C's SRQ is empty now: this SEND waits (RNR) until C posts. */
+		CHECK_OK(post_xrc(ini, 53, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
+		sv_say(sock, 31);
+		sv_expect_wc(cq, 53, IBV_WC_SUCCESS, ini, &wc);
+		/* A number in C's range that names no SRQ */
+		CHECK_OK(post_xrc(ini, 54, IBV_WR_SEND, a.c_srqn + 7, mr, 0, MSG, 0, 0));
+		sv_expect_wc(cq, 54, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
+		CHECK_OK(ibv_destroy_qp(ini));
+		sv_say(sock, 32);
+		/* C is gone now: its SRQ number names nothing */
+		ini = ini_qp(&d, cq);
+		mine.tgt_qpn = ini->qp_num;
+		sv_exchange(sock, &mine, &a, sizeof(a));
+		sv_trade_gid(sock, ini);
+		connect_xrc(ini, &d, a.tgt2_qpn, 1);
+		CHECK_EQ(sv_hear(sock), 33);
+		CHECK_OK(post_xrc(ini, 55, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
+		sv_expect_wc(cq, 55, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
+		CHECK_OK(ibv_destroy_qp(ini));
+		sv_say(sock, 34);
+	}
+
 	/* 4: the domain's file, from this process (same host only) */
 	if (!sv_peer_on_other_host()) {
 		int fd = open(path, O_RDONLY);
@@ -237,6 +293,69 @@ static void peer_main(int s)
 	_exit(0);
 }
 
+/* ---- C: an XRC SRQ of the domain in a third process (step 5) ------------------------- */
+
+struct c_info {
+	uint32_t srqn, rkey;
+	uint64_t addr;
+	uint32_t tgt_qpn, ini_qpn;
+};
+
+static void c_main(int s)
+{
+	struct sv_dev d;
+	sv_open(&d);
+	CHECK_EQ(sv_hear(s), 20); /* A made the domain */
+	int fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, 0);
+	CHECKF(x != NULL, "C: open_xrcd: %s", strerror(errno));
+	close(fd);
+	struct ibv_cq *cq = sv_create_cq(&d, 16, NULL, NULL);
+	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
+	memset(sv_ptr(mr, 8192), 'C', 8);
+	struct ibv_srq *srq = xrc_srq(&d, x, cq);
+	CHECK_OK(sv_post_srq_recv(srq, 500, mr, 0, MSG));
+	struct c_info mine = {srq_num(srq), mr->rkey, sv_addr(mr, 0), 0, 0}, a;
+	sv_exchange(s, &mine, &a, sizeof(a)); /* A tells the TGT and INI QP numbers */
+	struct ibv_wc wc;
+	sv_poll_one(cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_OPCODE(wc, IBV_WC_RECV);
+	CHECK_EQ(wc.wr_id, 500);
+	CHECK_EQ(wc.byte_len, MSG);
+	CHECK_EQ(wc.qp_num, a.tgt_qpn); /* the TGT QP of another process */
+	CHECK_EQ(wc.src_qp, a.ini_qpn);
+	CHECKF(sv_ptr(mr, 0)[0] == 'c' && sv_ptr(mr, 0)[MSG - 1] == 'c', "C: SEND payload");
+	CHECK_EQ(sv_hear(s), 22); /* B's WRITE and READ are done, its next SEND waits */
+	CHECKF(memcmp(sv_ptr(mr, 4096), "WWWWWWWW", 8) == 0, "C: WRITE did not land");
+	sv_expect_empty(cq, "C's SRQ CQ before the receive is posted");
+	CHECK_OK(sv_post_srq_recv(srq, 501, mr, 0, MSG));
+	sv_poll_one(cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 501);
+	CHECK_EQ(wc.qp_num, a.tgt_qpn);
+	CHECK_EQ(sv_hear(s), 23);
+	/* Dies with its SRQ: no cleanup. */
+	_exit(0);
+}
+
+static pid_t fork_c(int *s)
+{
+	int sv[2];
+	CHECK_OK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		close(sv[0]);
+		c_main(sv[1]);
+		_exit(0);
+	}
+	close(sv[1]);
+	*s = sv[0];
+	return pid;
+}
+
 /* ---- A: the domain, its SRQs and TGT QPs ----------------------------------------------- */
 
 int main(void)
@@ -247,6 +366,8 @@ int main(void)
 	close(tmp);
 	pid_t pid;
 	sock = sv_fork_peer(peer_main, &pid);
+	int csock = -1;
+	pid_t cpid = three_processes() ? fork_c(&csock) : -1;
 
 	struct sv_dev d;
 	sv_open(&d);
@@ -263,6 +384,8 @@ int main(void)
 	CHECK_EQ(errno, EAGAIN);
 	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, O_CREAT | O_EXCL);
 	CHECK(x != NULL);
+	if (cpid > 0)
+		sv_say(csock, 20);
 	CHECK(open_xrcd(d.ctx, fd, O_CREAT | O_EXCL) == NULL);
 	CHECK_EQ(errno, EINVAL);
 	struct ibv_xrcd_init_attr bad = {.comp_mask = IBV_XRCD_INIT_ATTR_FD, .fd = fd};
@@ -278,8 +401,9 @@ int main(void)
 	struct ibv_qp *tgt = tgt_qp(&d, x);
 	CHECK_ERR(ibv_close_xrcd(x), EBUSY);
 
-	struct a_info a = {tgt->qp_num, srq_num(srq), srq_num(other), 0, 0, sv_addr(mr, 0),
-			   mr->rkey};
+	struct a_info a = {.tgt_qpn = tgt->qp_num, .srqn = srq_num(srq),
+			   .other_srqn = srq_num(other), .addr = sv_addr(mr, 0),
+			   .rkey = mr->rkey}; /* step 5's c_* come later */
 	struct a_info b;
 	sv_exchange(sock, &a, &b, sizeof(a));
 	uint32_t ini_qpn = b.tgt_qpn; /* B sends its INI QP's number there */
@@ -361,6 +485,39 @@ int main(void)
 	CHECK_EQ(wc.wr_id, 300);
 	CHECK_EQ(wc.qp_num, tgt2->qp_num);
 	CHECK_EQ(sv_hear(sock), 6);
+
+	if (cpid > 0) {
+		sv_step("three processes: through our TGT QP into C's XRC SRQ");
+		struct c_info c, to_c;
+		CHECK(read(csock, &c, sizeof(c)) == (ssize_t)sizeof(c)); /* C's SRQ; to_c follows */
+		a.c_srqn = c.srqn;
+		a.c_addr = c.addr;
+		a.c_rkey = c.rkey;
+		sv_exchange(sock, &a, &b, sizeof(a));
+		sv_trade_gid(sock, tgt2);
+		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
+		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		to_c.tgt_qpn = tgt2->qp_num;
+		to_c.ini_qpn = b.tgt_qpn;
+		CHECK(write(csock, &to_c, sizeof(to_c)) == (ssize_t)sizeof(to_c));
+		sv_say(sock, 30);
+		CHECK_EQ(sv_hear(sock), 31); /* B's SEND at C's empty SRQ is on its way */
+		sv_say(csock, 22);
+		CHECK_EQ(sv_hear(sock), 32); /* B's garbage SRQ number failed */
+		sv_expect_async(d.ctx, IBV_EVENT_QP_REQ_ERR, tgt2);
+		CHECK_EQ(sv_query_state(tgt2), IBV_QPS_ERR);
+		sv_say(csock, 23);
+		sv_wait_peer(cpid, "C");
+		close(csock);
+		sv_exchange(sock, &a, &b, sizeof(a));
+		sv_trade_gid(sock, tgt2);
+		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
+		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		sv_say(sock, 33);
+		CHECK_EQ(sv_hear(sock), 34); /* C's SRQ number failed once C died */
+		sv_expect_async(d.ctx, IBV_EVENT_QP_REQ_ERR, tgt2);
+		CHECK_EQ(sv_query_state(tgt2), IBV_QPS_ERR);
+	}
 
 	sv_step("teardown; the domain outlives our handles while B holds it");
 	if (!sv_peer_on_other_host())

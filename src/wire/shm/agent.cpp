@@ -38,6 +38,9 @@ enum Kind : uint32_t {
   kExecute = 1, kKick = 2, kProbe = 3, kOpenWindow = 4, kDrain = 5,
   // XRC TGT QPs opened across processes (XrcOp's values), and their events.
   kXrcOpen = 6, kXrcModify = 7, kXrcQuery = 8, kXrcClose = 9, kXrcEvent = 10,
+  // XRC: a message our TGT QP took, for an XRC SRQ of the process asked (its delivery
+  // thread); the payload is in the asker's memory.
+  kXrcDeliver = 11,
 };
 
 std::atomic<const XrcHooks*> g_xrc_hooks{nullptr};
@@ -69,15 +72,18 @@ struct WireRequest {
   uint32_t niov;
   uint32_t copy_mode;
   uint32_t xrc_srqn;  // XRC: the XRC SRQ named (24 bits)
-  uint32_t reserved;
+  uint32_t xrc_access;  // kXrcDeliver: the TGT QP's access flags (qkey: its rnr timer, rd_atomic)
   uint64_t remote_addr;
   uint64_t compare_add;
   uint64_t swap;
   uint64_t length;
+  uint64_t xrc_dev, xrc_ino;  // kXrcDeliver: the domain's file
   uint8_t sgid[16];
   uint8_t dgid[16];
   WireIov iov[kMaxWireIov];
 };
+// tests/conformance/twoproc_agent_garbage.c speaks this layout by hand: change both.
+static_assert(sizeof(WireRequest) == 664, "WireRequest's layout is mirrored by a test");
 
 struct WireReply {
   uint32_t magic;
@@ -111,10 +117,10 @@ bool valid_opcode(uint32_t op) {
   }
 }
 
-sockaddr_un make_address(int slot, socklen_t* len) {
+sockaddr_un make_address(int slot, socklen_t* len, bool delivery = false) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::string name = agent_address(slot);
+  std::string name = agent_address(slot) + (delivery ? "-xrc" : "");
   size_t n = std::min(name.size(), sizeof(addr.sun_path));
   std::memcpy(addr.sun_path, name.data(), n);
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n);
@@ -239,6 +245,9 @@ struct Server {
   EngineHooks hooks;  // the engine's, with the agent's own below
   ShmHooks shm;
   int listen_fd = -1;
+  // The XRC delivery thread: it serves kXrcDeliver only, and never asks another process
+  // anything, so that agents forwarding to each other cannot wait on each other in a ring.
+  bool delivery = false;
 };
 
 constexpr int kMaxFds = 4;
@@ -339,7 +348,13 @@ bool serve_one(const Server& srv, int fd) {
     close(fd);
     return false;
   }
-  if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic) return true;  // garbage
+  // Garbage, or a kind this thread does not serve: no softverbs peer sends it, and one whose
+  // stream is out of step would flood us with what we drop unanswered. Hang up on it.
+  if (n != static_cast<ssize_t>(sizeof(m)) || m.magic != kMagic ||
+      (srv.delivery != (m.kind == kXrcDeliver) && m.kind != kProbe)) {
+    close(fd);
+    return false;
+  }
   if (m.kind == kKick) {
     if (QpRef qp = find_local(m.dst_qpn & 0xffffff)) srv.hooks.kick(qp.get());
     return true;
@@ -408,7 +423,8 @@ bool serve_one(const Server& srv, int fd) {
       if (on) srv.shm.defer_completions(false);
     }
   } release{srv, deferring};
-  if (through_socket && m.kind == kExecute && m.length <= kMaxMsgSize) {
+  const bool executes = m.kind == kExecute || m.kind == kXrcDeliver;
+  if (through_socket && executes && m.length <= kMaxMsgSize) {
     // Without room for it, the payload on its way would put the stream out of step: hang up,
     // as a NIC drops what it cannot take (the requester's retries decide what follows).
     bool staged = staging.reserve(std::max(m.length, returned_length(m.opcode, m.length)));
@@ -419,7 +435,7 @@ bool serve_one(const Server& srv, int fd) {
       return false;
     }
   }
-  if (m.kind == kExecute && m.niov <= kMaxWireIov && valid_type(m.type) &&
+  if (executes && m.niov <= kMaxWireIov && valid_type(m.type) &&
       valid_opcode(m.opcode) && m.length <= kMaxMsgSize) {
     iovec local[kMaxWireIov];
     for (uint32_t i = 0; i < m.niov; ++i)
@@ -448,8 +464,27 @@ bool serve_one(const Server& srv, int fd) {
     req.local = local;
     req.nlocal = static_cast<int>(m.niov);
     req.pid = cred.pid;
-    target = find_local(req.dst_qpn);
-    if (target) {
+    if (m.kind == kXrcDeliver) {
+      target = QpRef();
+      if (req.type == IBV_QPT_XRC_SEND && srv.hooks.respond_xrc) {
+        XrcTarget x;
+        x.tgt_qpn = req.dst_qpn;
+        x.access = m.xrc_access;
+        x.min_rnr_timer = static_cast<uint8_t>(m.qkey & 31);
+        x.max_dest_rd_atomic = static_cast<uint8_t>(m.qkey >> 8);
+        x.dev = m.xrc_dev;
+        x.ino = m.xrc_ino;
+        int tgt_error = kXrcTgtFine;
+        srv.shm.defer_completions(true);
+        deferring = true;
+        Reply reply = srv.hooks.respond_xrc(req, x, &tgt_error);
+        r.kind = reply.kind;
+        r.status = reply.status;
+        r.rnr_timer = reply.rnr_timer;
+        r.byte_len = reply.byte_len;
+        r.value = static_cast<uint64_t>(static_cast<int64_t>(tgt_error));
+      }
+    } else if ((target = find_local(req.dst_qpn))) {
       // The answer leaves before the target can see the completions (an ACK is sent by
       // the NIC, not by the application): hold them until then.
       srv.shm.defer_completions(true);
@@ -498,6 +533,8 @@ void serve(Server srv) {
 
 std::mutex g_server_mu;
 pid_t g_server_pid = 0;
+pid_t g_delivery_pid = 0;
+ShmHooks g_shm_hooks;  // start_agent's, for the delivery thread too
 
 // ---- client side -------------------------------------------------------------------------
 
@@ -505,6 +542,7 @@ struct Connection {
   std::mutex mu;
   int fd = -1;
   CopyMode mode = kCrossMemory;
+  bool delivery = false;  // to the XRC delivery thread's address
 };
 
 }  // namespace
@@ -550,14 +588,17 @@ std::mutex g_conn_mu;
 pid_t g_conn_pid = 0;
 std::map<int, std::shared_ptr<Connection>>* g_conns = new std::map<int, std::shared_ptr<Connection>>;
 
-std::shared_ptr<Connection> connection(int slot) {
+std::shared_ptr<Connection> connection(int slot, bool delivery = false) {
   std::lock_guard<std::mutex> lock(g_conn_mu);
   if (g_conn_pid != self_pid()) {  // a forked child must not share its parent's sockets
     g_conns->clear();
     g_conn_pid = self_pid();
   }
-  auto& c = (*g_conns)[slot];
-  if (!c) c = std::make_shared<Connection>();
+  auto& c = (*g_conns)[delivery ? slot + kSlots : slot];
+  if (!c) {
+    c = std::make_shared<Connection>();
+    c->delivery = delivery;
+  }
   return c;
 }
 
@@ -567,7 +608,7 @@ bool ensure_connected(Connection& c, int slot) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   socklen_t len;
-  sockaddr_un addr = make_address(slot, &len);
+  sockaddr_un addr = make_address(slot, &len, c.delivery);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     close(fd);
     return false;
@@ -629,6 +670,7 @@ void start_agent(const ShmHooks& shm) {
   std::lock_guard<std::mutex> lock(g_server_mu);
   if (g_server_pid == getpid()) return;
   g_server_pid = getpid();
+  g_shm_hooks = shm;
   int slot = my_slot();
   if (slot == 0) return;  // no registry: this process is reachable only from itself
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -642,15 +684,19 @@ void start_agent(const ShmHooks& shm) {
   std::thread(serve, Server{engine_hooks(), shm, fd}).detach();
 }
 
-Reply agent_call(int slot, const Request& req) {
-  std::shared_ptr<Connection> c = connection(slot);
-  std::lock_guard<std::mutex> lock(c->mu);
-  WireRequest m = encode(req, kExecute);
-  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return {Reply::NoResponse};
+namespace {
+
+// Sends an executing request `m` (its payload from req.local) on `c` and takes the answer
+// (READ data into req.local); *value gets the reply's value. False when the peer could
+// not be reached or hung up (out->kind NoResponse either way when there is no answer).
+bool execute_call(Connection* c, int slot, WireRequest& m, const Request& req, Reply* out,
+                  uint64_t* value) {
+  *out = {Reply::NoResponse};
+  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return false;
   if (c->mode == kThroughSocket && carries_payload(m.opcode) &&
       !send_chunks(c->fd, req.local, req.nlocal, req.length, kReplyTimeoutMs)) {
     drop(*c);
-    return {Reply::NoResponse};
+    return false;
   }
   pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
@@ -658,24 +704,56 @@ Reply agent_call(int slot, const Request& req) {
   do {
     ready = poll(&p, 1, kReplyTimeoutMs);
   } while (ready < 0 && errno == EINTR);
-  if (ready <= 0 || recv(c->fd, &r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r)) ||
-      r.magic != kMagic || r.kind > Reply::Error) {
+  ssize_t got = ready > 0 ? recv(c->fd, &r, sizeof(r), 0) : -1;
+  if (got != static_cast<ssize_t>(sizeof(r)) || r.magic != kMagic || r.kind > Reply::Error) {
     drop(*c);  // the stream is out of step now: start afresh next time
-    return {Reply::NoResponse};
+    return ready == 0;  // a peer slow to answer is there; one that hung up is not
   }
-  Reply out;
-  out.kind = static_cast<Reply::Kind>(r.kind);
-  out.status = static_cast<ibv_wc_status>(r.status);
-  out.rnr_timer = static_cast<uint8_t>(r.rnr_timer & 31);
-  out.byte_len = r.byte_len;
-  if (out.kind == Reply::Error && out.status == IBV_WC_SUCCESS) out.status = IBV_WC_GENERAL_ERR;
+  out->kind = static_cast<Reply::Kind>(r.kind);
+  out->status = static_cast<ibv_wc_status>(r.status);
+  out->rnr_timer = static_cast<uint8_t>(r.rnr_timer & 31);
+  out->byte_len = r.byte_len;
+  *value = r.value;
+  if (out->kind == Reply::Error && out->status == IBV_WC_SUCCESS) out->status = IBV_WC_GENERAL_ERR;
   uint64_t back = returned_length(m.opcode, m.length);
-  if (c->mode == kThroughSocket && out.kind == Reply::Ack && back &&
+  if (c->mode == kThroughSocket && out->kind == Reply::Ack && back &&
       !recv_chunks(c->fd, req.local, req.nlocal, back, kReplyTimeoutMs)) {
     drop(*c);
-    return {Reply::NoResponse};
+    *out = {Reply::NoResponse};
   }
+  return true;
+}
+
+}  // namespace
+
+Reply agent_call(int slot, const Request& req) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  WireRequest m = encode(req, kExecute);
+  Reply out;
+  uint64_t value = 0;
+  execute_call(c.get(), slot, m, req, &out, &value);
   return out;
+}
+
+bool agent_xrc_deliver(int slot, const Request& req, const XrcTarget& tgt, Reply* out,
+                       int* tgt_error) {
+  *tgt_error = kXrcTgtFine;
+  std::shared_ptr<Connection> c = connection(slot, true);
+  std::lock_guard<std::mutex> lock(c->mu);
+  WireRequest m = encode(req, kXrcDeliver);
+  m.dst_qpn = tgt.tgt_qpn;
+  m.xrc_access = tgt.access;
+  m.qkey = tgt.min_rnr_timer | (uint32_t{tgt.max_dest_rd_atomic} << 8);
+  m.xrc_dev = tgt.dev;
+  m.xrc_ino = tgt.ino;
+  uint64_t value = static_cast<uint64_t>(static_cast<int64_t>(kXrcTgtFine));
+  if (!execute_call(c.get(), slot, m, req, out, &value)) return false;
+  // What the QP must do comes from another process: only ERR, with an event of its kind.
+  const auto e = static_cast<int64_t>(value);
+  if (out->kind == Reply::Error && (e == -1 || e == IBV_EVENT_QP_REQ_ERR || e == IBV_EVENT_QP_ACCESS_ERR))
+    *tgt_error = static_cast<int>(e);
+  return true;
 }
 
 // Sends a message that gets no answer; a full or broken connection drops it (the peer's
@@ -727,6 +805,23 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1], fds[3]);
   *wake_fd = fds[2];
   return arena->base ? r.value : 0;
+}
+
+void start_xrc_delivery() {
+  std::lock_guard<std::mutex> lock(g_server_mu);
+  if (g_delivery_pid == getpid() || g_server_pid != getpid()) return;
+  g_delivery_pid = getpid();
+  int slot = my_slot();
+  if (slot == 0) return;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  socklen_t len;
+  sockaddr_un addr = make_address(slot, &len, true);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 64) != 0) {
+    close(fd);
+    return;
+  }
+  std::thread(serve, Server{engine_hooks(), g_shm_hooks, fd, true}).detach();
 }
 
 void set_xrc_hooks(const XrcHooks& hooks) {

@@ -60,6 +60,15 @@ enum class XrcOp : uint32_t { Open = 6, Modify = 7, Query = 8, Close = 9 };
 // domain by (dev, ino).
 int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_qp_attr* attr,
               int mask);
+// XRC SRQs of another process (same host): a message our TGT QP `tgt.tgt_qpn` took for
+// XRC SRQ req.xrc_srqn goes to that process's delivery thread (started by
+// start_xrc_delivery when a process opens an XRC domain), with its payload (or room for
+// READ data, an atomic's result) in req.local of this process. False when that process
+// cannot be reached (gone, or never opened a domain): the SRQ number names nothing.
+// *tgt_error: kXrcTgtFine, or the event (-1: none) our TGT QP goes to ERR with.
+void start_xrc_delivery();
+bool agent_xrc_deliver(int slot, const Request& req, const XrcTarget& tgt, Reply* out,
+                       int* tgt_error);
 // Tells the opener in `slot` that TGT QP `qpn` of ours raised `type` (no answer).
 void agent_xrc_event(int slot, uint32_t qpn, int type);
 
