@@ -811,6 +811,10 @@ ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* ex) {
     errno = EINVAL;
     return nullptr;
   }
+  return create_srq_from_ex(pd, ex);
+}
+
+ibv_srq* create_srq_from_ex(Pd* pd, ibv_srq_init_attr_ex* ex) {
   ibv_srq_init_attr init{};
   init.srq_context = ex->srq_context;
   init.attr = ex->attr;

@@ -103,15 +103,11 @@ ibv_srq* create_tm_srq(Pd* pd, Cq* cq, ibv_srq_init_attr_ex* ex) {
     errno = ENOMEM;
     return nullptr;
   }
-  ibv_srq_init_attr init{};
-  init.srq_context = ex->srq_context;
-  init.attr = ex->attr;
-  ibv_srq* s = create_srq(pd, &init);
+  ibv_srq* s = create_srq_from_ex(pd, ex);
   if (!s) {
     delete tm;
     return nullptr;
   }
-  ex->attr = init.attr;
   Srq* srq = Srq::from(s);
   srq->tm = tm;
   srq->ibv.srq_context = ex->srq_context;

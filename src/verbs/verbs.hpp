@@ -145,6 +145,8 @@ void fill_cq_ex_attr(ibv_device_attr_ex* attr);
 
 // SRQ
 ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* attr);
+// create_srq from ibv_create_srq_ex's attributes (context, caps), the caps written back.
+ibv_srq* create_srq_from_ex(Pd* pd, ibv_srq_init_attr_ex* ex);
 int modify_srq(Srq* srq, ibv_srq_attr* attr, int mask);
 int query_srq(Srq* srq, ibv_srq_attr* attr);
 int destroy_srq(Srq* srq);

@@ -262,12 +262,8 @@ ibv_srq* create_xrc_srq(Context* ctx, ibv_srq_init_attr_ex* ex) {
     errno = EINVAL;
     return nullptr;
   }
-  ibv_srq_init_attr init{};
-  init.srq_context = ex->srq_context;
-  init.attr = ex->attr;
-  ibv_srq* s = create_srq(pd, &init);
+  ibv_srq* s = create_srq_from_ex(pd, ex);
   if (!s) return nullptr;
-  ex->attr = init.attr;
   Srq* srq = Srq::from(s);
   // Everything a responder reads is set before the number makes it findable.
   srq->xrc_domain = xrcd->domain;
