@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "abi/context_ops.hpp"
+#include "check/check.hpp"
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
 
@@ -29,6 +30,19 @@ T* fail(int err) {
   return nullptr;
 }
 }  // namespace
+
+// ---- softverbs check (src/check, docs/check.md) ------------------------------------------
+// With SOFTVERBS_CHECK unset a call pays one test of a flag set at load; `site` is where the
+// application called us.
+#define SV_CHECK(...)                                                \
+  do {                                                               \
+    if (check::enabled) [[unlikely]] {                               \
+      [[maybe_unused]] const void* site = __builtin_return_address(0); \
+      __VA_ARGS__;                                                   \
+    }                                                                \
+  } while (0)
+using check::Kind;
+// ---- end of softverbs check ---------------------------------------------------------------
 
 extern "C" {
 
@@ -57,17 +71,21 @@ int ibv_get_device_index(struct ibv_device* device) { return device_from_ibv(dev
 struct ibv_context* ibv_open_device(struct ibv_device* device) {
   ibv_context* c = open_context(device);
   if (c) abi::fill_context_ops(Context::from(c));
+  if (c) SV_CHECK(check::wrap_ops(Context::from(c)); check::created(Kind::Context, c, nullptr, site));
   return c;
 }
 
 int ibv_close_device(struct ibv_context* context) {
   Context* ctx = Context::from(context);
-  return ctx ? close_context(ctx) : EINVAL;
+  int rc = ctx ? close_context(ctx) : EINVAL;
+  SV_CHECK(check::after_destroy(Kind::Context, context, rc, site));
+  return rc;
 }
 
 struct ibv_context* ibv_import_device(int cmd_fd) {
   ibv_context* c = import_device(cmd_fd);
   if (c) abi::fill_context_ops(Context::from(c));
+  if (c) SV_CHECK(check::wrap_ops(Context::from(c)));
   return c;
 }
 
@@ -168,12 +186,16 @@ void ibv_ack_async_event(struct ibv_async_event* event) {
 
 struct ibv_pd* ibv_alloc_pd(struct ibv_context* context) {
   Context* ctx = Context::from(context);
-  return ctx ? alloc_pd(ctx) : fail<ibv_pd>(EINVAL);
+  ibv_pd* pd = ctx ? alloc_pd(ctx) : fail<ibv_pd>(EINVAL);
+  SV_CHECK(check::created(Kind::Pd, pd, context, site));
+  return pd;
 }
 
 int ibv_dealloc_pd(struct ibv_pd* pd) {
   Pd* p = Pd::from(pd);
-  return p ? dealloc_pd(p) : EINVAL;
+  int rc = p ? dealloc_pd(p) : EINVAL;
+  SV_CHECK(if (p) check::after_destroy(Kind::Pd, pd, rc, site));
+  return rc;
 }
 
 struct ibv_pd* ibv_import_pd(struct ibv_context* context, uint32_t pd_handle) {
@@ -185,27 +207,39 @@ void ibv_unimport_pd(struct ibv_pd* pd) {
   if (Pd* p = Pd::from(pd)) unimport_pd(p);
 }
 
-struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t length, uint64_t iova,
-                                unsigned int access) {
+static ibv_mr* reg_mr_at(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
   Pd* p = Pd::from(pd);
   return p ? reg_mr(p, addr, length, iova, access) : fail<ibv_mr>(EINVAL);
 }
 
+struct ibv_mr* ibv_reg_mr_iova2(struct ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                unsigned int access) {
+  ibv_mr* mr = reg_mr_at(pd, addr, length, iova, access);
+  SV_CHECK(check::created(Kind::Mr, mr, pd, site));
+  return mr;
+}
+
 struct ibv_mr* ibv_reg_mr(struct ibv_pd* pd, void* addr, size_t length, int access) {
-  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
-                          static_cast<unsigned>(access));
+  ibv_mr* mr = reg_mr_at(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+                         static_cast<unsigned>(access));
+  SV_CHECK(check::created(Kind::Mr, mr, pd, site));
+  return mr;
 }
 
 struct ibv_mr* ibv_reg_mr_iova(struct ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                int access) {
-  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+  ibv_mr* mr = reg_mr_at(pd, addr, length, iova, static_cast<unsigned>(access));
+  SV_CHECK(check::created(Kind::Mr, mr, pd, site));
+  return mr;
 }
 
 struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size_t length,
                                  uint64_t iova, int fd, int access) {
   Pd* p = Pd::from(pd);
-  return p ? reg_dmabuf_mr(p, offset, length, iova, fd, static_cast<unsigned>(access))
-           : fail<ibv_mr>(EINVAL);
+  ibv_mr* mr = p ? reg_dmabuf_mr(p, offset, length, iova, fd, static_cast<unsigned>(access))
+                 : fail<ibv_mr>(EINVAL);
+  SV_CHECK(check::created(Kind::Mr, mr, pd, site));
+  return mr;
 }
 
 int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, void* addr, size_t length,
@@ -222,7 +256,11 @@ int ibv_rereg_mr(struct ibv_mr* mr, int flags, struct ibv_pd* pd, void* addr, si
 
 int ibv_dereg_mr(struct ibv_mr* mr) {
   Mr* m = Mr::from(mr);
-  return m ? dereg_mr(m) : EINVAL;
+  if (!m) return EINVAL;
+  SV_CHECK(check::before_dereg_mr(m, site));
+  int rc = dereg_mr(m);
+  SV_CHECK(check::after_destroy(Kind::Mr, mr, rc, site));
+  return rc;
 }
 
 struct ibv_mr* ibv_import_mr(struct ibv_pd* pd, uint32_t mr_handle) {
@@ -244,12 +282,16 @@ void ibv_unimport_dm(struct ibv_dm* dm) {
 
 struct ibv_ah* ibv_create_ah(struct ibv_pd* pd, struct ibv_ah_attr* attr) {
   Pd* p = Pd::from(pd);
-  return p && attr ? create_ah(p, attr) : fail<ibv_ah>(EINVAL);
+  ibv_ah* ah = p && attr ? create_ah(p, attr) : fail<ibv_ah>(EINVAL);
+  SV_CHECK(check::created(Kind::Ah, ah, pd, site));
+  return ah;
 }
 
 int ibv_destroy_ah(struct ibv_ah* ah) {
   Ah* a = Ah::from(ah);
-  return a ? destroy_ah(a) : EINVAL;
+  int rc = a ? destroy_ah(a) : EINVAL;
+  SV_CHECK(if (a) check::after_destroy(Kind::Ah, ah, rc, site));
+  return rc;
 }
 
 int ibv_init_ah_from_wc(struct ibv_context* context, uint8_t port_num, struct ibv_wc* wc,
@@ -317,12 +359,16 @@ int ibv_detach_mcast(struct ibv_qp* qp, const union ibv_gid* gid, uint16_t lid) 
 
 struct ibv_comp_channel* ibv_create_comp_channel(struct ibv_context* context) {
   Context* ctx = Context::from(context);
-  return ctx ? create_comp_channel(ctx) : fail<ibv_comp_channel>(EINVAL);
+  ibv_comp_channel* ch = ctx ? create_comp_channel(ctx) : fail<ibv_comp_channel>(EINVAL);
+  SV_CHECK(check::created(Kind::Channel, ch, context, site));
+  return ch;
 }
 
 int ibv_destroy_comp_channel(struct ibv_comp_channel* channel) {
   CompChannel* ch = CompChannel::from(channel);
-  return ch ? destroy_comp_channel(ch) : EINVAL;
+  int rc = ch ? destroy_comp_channel(ch) : EINVAL;
+  SV_CHECK(if (ch) check::after_destroy(Kind::Channel, channel, rc, site));
+  return rc;
 }
 
 struct ibv_cq* ibv_create_cq(struct ibv_context* context, int cqe, void* cq_context,
@@ -330,7 +376,9 @@ struct ibv_cq* ibv_create_cq(struct ibv_context* context, int cqe, void* cq_cont
   Context* ctx = Context::from(context);
   CompChannel* ch = channel ? CompChannel::from(channel) : nullptr;
   if (!ctx || (channel && !ch)) return fail<ibv_cq>(EINVAL);
-  return create_cq(ctx, cqe, cq_context, ch, comp_vector);
+  ibv_cq* cq = create_cq(ctx, cqe, cq_context, ch, comp_vector);
+  SV_CHECK(check::created(Kind::Cq, cq, context, site));
+  return cq;
 }
 
 int ibv_resize_cq(struct ibv_cq* cq, int cqe) {
@@ -340,7 +388,11 @@ int ibv_resize_cq(struct ibv_cq* cq, int cqe) {
 
 int ibv_destroy_cq(struct ibv_cq* cq) {
   Cq* c = Cq::from(cq);
-  return c ? destroy_cq(c) : EINVAL;
+  if (!c) return EINVAL;
+  SV_CHECK(check::before_destroy_cq(c, site));
+  int rc = destroy_cq(c);
+  SV_CHECK(check::after_destroy(Kind::Cq, cq, rc, site));
+  return rc;
 }
 
 int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq** cq, void** cq_context) {
@@ -349,7 +401,10 @@ int ibv_get_cq_event(struct ibv_comp_channel* channel, struct ibv_cq** cq, void*
     errno = EINVAL;
     return -1;
   }
-  return get_cq_event(ch, cq, cq_context);
+  SV_CHECK(check::before_get_cq_event(ch, site));
+  int rc = get_cq_event(ch, cq, cq_context);
+  SV_CHECK(if (rc == 0) check::got_cq_event(*cq, site));
+  return rc;
 }
 
 void ibv_ack_cq_events(struct ibv_cq* cq, unsigned int nevents) {
@@ -360,7 +415,9 @@ void ibv_ack_cq_events(struct ibv_cq* cq, unsigned int nevents) {
 
 struct ibv_srq* ibv_create_srq(struct ibv_pd* pd, struct ibv_srq_init_attr* attr) {
   Pd* p = Pd::from(pd);
-  return p && attr ? create_srq(p, attr) : fail<ibv_srq>(EINVAL);
+  ibv_srq* srq = p && attr ? create_srq(p, attr) : fail<ibv_srq>(EINVAL);
+  SV_CHECK(check::created(Kind::Srq, srq, pd, site));
+  return srq;
 }
 
 int ibv_modify_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr, int mask) {
@@ -375,14 +432,18 @@ int ibv_query_srq(struct ibv_srq* srq, struct ibv_srq_attr* attr) {
 
 int ibv_destroy_srq(struct ibv_srq* srq) {
   Srq* s = Srq::from(srq);
-  return s ? destroy_srq(s) : EINVAL;
+  int rc = s ? destroy_srq(s) : EINVAL;
+  SV_CHECK(if (s) check::after_destroy(Kind::Srq, srq, rc, site));
+  return rc;
 }
 
 // ---- QP ----------------------------------------------------------------------------------
 
 struct ibv_qp* ibv_create_qp(struct ibv_pd* pd, struct ibv_qp_init_attr* attr) {
   Pd* p = Pd::from(pd);
-  return p && attr ? create_qp(p, attr) : fail<ibv_qp>(EINVAL);
+  ibv_qp* qp = p && attr ? create_qp(p, attr) : fail<ibv_qp>(EINVAL);
+  SV_CHECK(check::created(Kind::Qp, qp, pd, site));
+  return qp;
 }
 
 int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask) {
@@ -398,7 +459,9 @@ int ibv_query_qp(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask,
 
 int ibv_destroy_qp(struct ibv_qp* qp) {
   Qp* q = Qp::from(qp);
-  return q ? destroy_qp(q) : EINVAL;
+  int rc = q ? destroy_qp(q) : EINVAL;
+  SV_CHECK(if (q) check::after_destroy(Kind::Qp, qp, rc, site));
+  return rc;
 }
 
 // QPs made by the ibv_create_qp_ex op are extended (as rxe's); ibv_create_qp's are not.

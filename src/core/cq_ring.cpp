@@ -2,6 +2,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/check_hooks.hpp"
 #include "core/completion_clock.hpp"
 #include "core/core.hpp"
 
@@ -67,6 +68,7 @@ bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held,
     }
   }
   if (failed) {
+    if (first_failure && check_hooks::cq_overrun) check_hooks::cq_overrun(cq);
     if (g_overrun) g_overrun(cq, first_failure);
     return false;
   }

@@ -7,6 +7,7 @@
 #include "engine/engine.hpp"
 #include "core/errors.hpp"
 #include "common/verbs_ext.hpp"
+#include "core/check_hooks.hpp"
 #include "core/core.hpp"
 #include "engine/tm.hpp"
 
@@ -79,6 +80,7 @@ void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32
 bool complete(Qp* qp, SendWqe& w, Outcome o, int st) {
   if (o.kind == Outcome::RnrNak || o.kind == Outcome::NoResponse) {
     bool rnr = o.kind == Outcome::RnrNak;
+    if (rnr && check_hooks::rnr_wait) check_hooks::rnr_wait(qp);
     int& left = rnr ? w.rnr_left : w.retry_left;
     uint8_t timeout = qp->send_path.timeout;
     bool infinite = rnr ? left == 7 : timeout == 0;

@@ -1,0 +1,85 @@
+// What the checker keeps between calls (the objects it saw made, their arm and event
+// history) and how it reports, shared by the check/ files. Everything here runs only with
+// checking on; one mutex guards it all (never held while calling into the verbs).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "check/check.hpp"
+
+namespace softverbs::check {
+
+struct ObjState {
+  Kind kind = Kind::Pd;
+  const void* parent = nullptr;
+  Site site = nullptr;    // where it was made
+  bool internal = false;  // made by librdmacm on its own behalf: not the application's leak
+  uint64_t seq = 0;       // the order of making, for reports that list objects
+  // CQ: its last ibv_req_notify_cq and what was waiting then; its events.
+  Site arm_site = nullptr;
+  uint64_t waiting_at_arm = 0;
+  uint64_t head_at_arm = 0;
+  bool event_since_arm = false;  // an event was taken and the CQ not armed since
+  Site event_site = nullptr;     // where the last event was got
+  // QP: sends posted unsignaled since the last signaled one (sq_sig_all = 0); RNR waits.
+  uint64_t unsignaled_run = 0;
+  uint64_t rnr_waits = 0;
+  uint32_t qpn = 0;
+  // MR: what it covered, for a report naming its keys after ibv_dereg_mr.
+  uint32_t lkey = 0, rkey = 0;
+  uint64_t addr = 0, length = 0;
+};
+
+// A deregistered MR's key, until a new MR or window gets the same key.
+struct DeadKey {
+  uint64_t addr = 0, length = 0;
+  Site reg_site = nullptr, dereg_site = nullptr;
+};
+
+struct State {
+  std::mutex mu;
+  std::unordered_map<const void*, ObjState> objects;
+  std::map<uint32_t, DeadKey> dead_keys;
+  uint64_t made = 0;  // objects made so far
+};
+State& state();
+
+const char* kind_name(Kind kind);
+std::string where(Site site);  // "main+0x2b (prog)" or "prog+0x11a9", via dladdr(3)
+
+// Reports a misuse once per (`object`, `kind`): the call and where it came from, what is
+// wrong (`what`, one or more lines) and the rule (`rule`, the man page's words). Returns
+// false if it had been reported before. Takes no lock of the verbs; not under state().mu.
+bool report(const char* kind, const void* object, const std::string& call, Site site,
+            const std::string& what, const char* rule);
+
+// Counts a verbs call the checker looked at (for the summary line).
+void count_call();
+
+void busy(Kind kind, const void* handle, Site site);  // explains an EBUSY
+
+// The ops the checking ones wrap (the same for every context: check/ops.cpp).
+struct RealOps {
+  int (*post_send)(ibv_qp*, ibv_send_wr*, ibv_send_wr**) = nullptr;
+  int (*post_recv)(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) = nullptr;
+  int (*post_srq_recv)(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**) = nullptr;
+  int (*poll_cq)(ibv_cq*, int, ibv_wc*) = nullptr;
+  int (*req_notify_cq)(ibv_cq*, int) = nullptr;
+  ibv_qp* (*create_qp_ex)(ibv_context*, ibv_qp_init_attr_ex*) = nullptr;
+  ibv_cq_ex* (*create_cq_ex)(ibv_context*, ibv_cq_init_attr_ex*) = nullptr;
+};
+extern RealOps real;
+
+// The checks the data-path ops make (check/post_checks.cpp, check/events.cpp).
+int checked_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, Site site);
+int checked_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad, Site site);
+int checked_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad, Site site);
+void before_req_notify(Cq* cq, Site site);
+void explain_completions(const ibv_wc* wc, int n, Site site);
+void install_engine_hooks();  // the CQ overrun and RNR hooks (core/check_hooks.hpp)
+
+}  // namespace softverbs::check
