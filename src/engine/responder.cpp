@@ -237,7 +237,7 @@ Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload
 
 // FLUSH (IBA 1.5): it needs the flush access of its placement type from the QP and the MR.
 Outcome run_request(const wire::Request& req, const Target& tg, const TargetAttrs& ta);
-Outcome forward_xrc(const wire::Request& req, Qp* t);
+Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta);
 
 Outcome respond_flush(const wire::Request& req, const Target& tg, const TargetAttrs& ta) {
   if (tg.type != IBV_QPT_RC || ta.max_dest_rd_atomic == 0) return fault(tg, Fault::RemoteInvalid);
@@ -286,7 +286,7 @@ Outcome respond(const wire::Request& req, Qp* t) {
   Srq* xrc_srq = nullptr;
   if (xrc && wire::slot_of_qpn(req.xrc_srqn) != wire::my_slot()) {
     keys.unlock();  // nothing of ours is touched, and the other process may take a while
-    return forward_xrc(req, t);
+    return forward_xrc(req, t, ta);
   }
   if (xrc) {
     xrc_srqs.lock();
@@ -427,7 +427,7 @@ uint64_t returned_bytes(const wire::Request& req) {
 // (that process reads only from the process the kernel says asked it), and that process's
 // delivery thread runs the operation on its SRQ, its memory and its CQ; what our QP must
 // do (ERR, an event) comes back. A process that is not there has no SRQ: invalid request.
-Outcome forward_xrc(const wire::Request& req, Qp* t) {
+Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
   const uint64_t in = carries_payload(req.opcode) ? req.length : 0;
   const uint64_t back = returned_bytes(req);
   StagedMessage staged(std::max(in, back));
@@ -437,8 +437,12 @@ Outcome forward_xrc(const wire::Request& req, Qp* t) {
   fwd.local = staged.iov();
   fwd.nlocal = std::max(in, back) ? 1 : 0;
   fwd.pid = wire::self_pid();
+  wire::XrcTarget x;
+  x.access = ta.access;
+  x.min_rnr_timer = ta.min_rnr_timer;
+  x.max_dest_rd_atomic = ta.max_dest_rd_atomic;
   int tgt_error = wire::kXrcTgtFine;
-  Outcome out = deliver_xrc_elsewhere(fwd, t, &tgt_error);
+  Outcome out = deliver_xrc_elsewhere(fwd, t, x, &tgt_error);
   if (tgt_error != wire::kXrcTgtFine) set_error(t, tgt_error);
   if (out.kind == Outcome::Ack && back && !wire::copy_to_requester(req, staged.iov(), 1, back))
     return {Outcome::NoResponse};
@@ -447,7 +451,8 @@ Outcome forward_xrc(const wire::Request& req, Qp* t) {
 
 }  // namespace
 
-Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, int* tgt_error) {
+Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, wire::XrcTarget x,
+                              int* tgt_error) {
   *tgt_error = wire::kXrcTgtFine;
   const FaultRule invalid = fault_rule(Fault::RemoteInvalid);
   const Outcome invalid_request{Outcome::Error, invalid.requester_status};
@@ -457,12 +462,7 @@ Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, int* tgt_error) {
     *tgt_error = invalid.responder_event;
     return invalid_request;
   }
-  const TargetAttrs ta = target_attrs(t);
-  wire::XrcTarget x;
   x.tgt_qpn = t->qpn();
-  x.access = ta.access;
-  x.min_rnr_timer = ta.min_rnr_timer;
-  x.max_dest_rd_atomic = ta.max_dest_rd_atomic;
   x.dev = static_cast<uint64_t>(d->dev);
   x.ino = static_cast<uint64_t>(d->ino);
   Outcome out;

@@ -414,8 +414,12 @@ struct RoceLink final : packet::Env {
     req.local = &at;
     req.nlocal = at.iov_len ? 1 : 0;
     req.pid = wire::self_pid();
+    wire::XrcTarget x;  // the QP's attributes as this link holds them (mu, not attr_mu)
+    x.access = qp_access;
+    x.min_rnr_timer = a.min_rnr_timer;
+    x.max_dest_rd_atomic = a.max_dest_rd_atomic;
     int tgt_error = wire::kXrcTgtFine;
-    const Outcome out = deliver_xrc_elsewhere(req, qp, &tgt_error);
+    const Outcome out = deliver_xrc_elsewhere(req, qp, x, &tgt_error);
     packet::XrcVerdict v;
     switch (out.kind) {
       case Outcome::Ack: v.kind = packet::XrcVerdict::kAck; break;

@@ -148,6 +148,7 @@ struct XrcAway {
                                        // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
   uint32_t srqn = 0;
   uint32_t src_qpn = 0;  // the INI QP
+  uint8_t min_rnr_timer = 0, max_dest_rd_atomic = 0;  // the TGT QP's, for the checks there
   uint32_t imm = 0;      // network order
   bool solicited = false;
   uint32_t rkey = 0;

@@ -525,6 +525,8 @@ XrcAway PacketQp::away_op(const Packet& pkt, ibv_wr_opcode opcode) const {
   a.opcode = opcode;
   a.srqn = pkt.xrc_srqn & kPsnMask;
   a.src_qpn = dest_qpn_;
+  a.min_rnr_timer = min_rnr_timer_;
+  a.max_dest_rd_atomic = max_dest_rd_atomic_;
   a.rkey = pkt.rkey;
   a.va = pkt.va;
   const bool cas = (pkt.opcode & 0x1f) == rw::kCompareSwap;
@@ -585,6 +587,8 @@ void PacketQp::do_away(const Packet& pkt, uint8_t op) {
                    : (imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND);
   a.srqn = away_srqn_;
   a.src_qpn = dest_qpn_;
+  a.min_rnr_timer = min_rnr_timer_;
+  a.max_dest_rd_atomic = max_dest_rd_atomic_;
   a.imm = imm ? pkt.imm : 0;
   a.solicited = pkt.solicited;
   a.rkey = away_rkey_;
