@@ -66,6 +66,15 @@ void kick_qpn(uint32_t qpn);
 Outcome respond(const wire::Request& req, Qp* t);
 // A message another process's TGT QP took for an XRC SRQ of ours (wire::EngineHooks).
 Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& tgt, int* tgt_error);
+// A message our TGT QP `t` took for an XRC SRQ of another process of this host, run there
+// (its delivery thread): the payload, or room for READ data and an atomic's result, is in
+// req.local of this process. `x` brings the TGT QP's access flags, RNR timer and
+// max_dest_rd_atomic as the caller holds them (its locks, not qp->attr_mu); the rest is
+// filled here. An SRQ number that names no process of the domain is an invalid request.
+// *tgt_error: wire::kXrcTgtFine, or the event (-1: none) `t` goes to ERR with; the caller
+// applies it.
+Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, wire::XrcTarget x,
+                              int* tgt_error);
 
 // The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
 // last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.

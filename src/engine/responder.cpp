@@ -428,10 +428,6 @@ uint64_t returned_bytes(const wire::Request& req) {
 // delivery thread runs the operation on its SRQ, its memory and its CQ; what our QP must
 // do (ERR, an event) comes back. A process that is not there has no SRQ: invalid request.
 Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
-  const int slot = wire::slot_of_qpn(req.xrc_srqn);
-  const XrcDomain* d = t->xrc_domain.get();
-  if (!d || !d->shared || slot <= 0 || slot >= wire::kSlots || wire::slot_owner(slot) <= 0)
-    return fault(t, Fault::RemoteInvalid);
   const uint64_t in = carries_payload(req.opcode) ? req.length : 0;
   const uint64_t back = returned_bytes(req);
   StagedMessage staged(std::max(in, back));
@@ -442,15 +438,11 @@ Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
   fwd.nlocal = std::max(in, back) ? 1 : 0;
   fwd.pid = wire::self_pid();
   wire::XrcTarget x;
-  x.tgt_qpn = t->qpn();
   x.access = ta.access;
   x.min_rnr_timer = ta.min_rnr_timer;
   x.max_dest_rd_atomic = ta.max_dest_rd_atomic;
-  x.dev = static_cast<uint64_t>(d->dev);
-  x.ino = static_cast<uint64_t>(d->ino);
-  Outcome out;
   int tgt_error = wire::kXrcTgtFine;
-  if (!wire::agent_xrc_deliver(slot, fwd, x, &out, &tgt_error)) return fault(t, Fault::RemoteInvalid);
+  Outcome out = deliver_xrc_elsewhere(fwd, t, x, &tgt_error);
   if (tgt_error != wire::kXrcTgtFine) set_error(t, tgt_error);
   if (out.kind == Outcome::Ack && back && !wire::copy_to_requester(req, staged.iov(), 1, back))
     return {Outcome::NoResponse};
@@ -458,6 +450,28 @@ Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
 }
 
 }  // namespace
+
+Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, wire::XrcTarget x,
+                              int* tgt_error) {
+  *tgt_error = wire::kXrcTgtFine;
+  const FaultRule invalid = fault_rule(Fault::RemoteInvalid);
+  const Outcome invalid_request{Outcome::Error, invalid.requester_status};
+  const int slot = wire::slot_of_qpn(req.xrc_srqn);
+  const XrcDomain* d = t->xrc_domain.get();
+  if (!d || !d->shared || slot <= 0 || slot >= wire::kSlots || wire::slot_owner(slot) <= 0) {
+    *tgt_error = invalid.responder_event;
+    return invalid_request;
+  }
+  x.tgt_qpn = t->qpn();
+  x.dev = static_cast<uint64_t>(d->dev);
+  x.ino = static_cast<uint64_t>(d->ino);
+  Outcome out;
+  if (!wire::agent_xrc_deliver(slot, req, x, &out, tgt_error)) {
+    *tgt_error = invalid.responder_event;  // nobody there: the number names no SRQ
+    return invalid_request;
+  }
+  return out;
+}
 
 Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& x, int* tgt_error) {
   *tgt_error = wire::kXrcTgtFine;

@@ -379,11 +379,62 @@ struct RoceLink final : packet::Env {
     return access_pd() && MrTable::instance().invalidate(rkey, access_pd(), qp->qpn(), true);
   }
 
-  bool select_xrc_srq(uint32_t srqn) override {
-    xrc_srq = xrc_tgt() ? find_xrc_srq_locked(srqn, qp->xrc_domain.get()) : nullptr;
+  packet::XrcSrqPlace select_xrc_srq(uint32_t srqn) override {
+    xrc_srq = nullptr;
+    if (!xrc_tgt()) return packet::XrcSrqPlace::kNone;
+    // Another process's number: that process checks it (deliver_xrc_elsewhere).
+    if (wire::slot_of_qpn(srqn) != wire::my_slot()) return packet::XrcSrqPlace::kElsewhere;
+    xrc_srq = find_xrc_srq_locked(srqn, qp->xrc_domain.get());
+    if (!xrc_srq) return packet::XrcSrqPlace::kNone;
     // Its CQ is fed from the wire from now on: an empty poll receives from the port.
-    if (xrc_srq) xrc_srq->xrc_cq->roce_fed.store(true, std::memory_order_relaxed);
-    return xrc_srq != nullptr;
+    xrc_srq->xrc_cq->roce_fed.store(true, std::memory_order_relaxed);
+    return packet::XrcSrqPlace::kHere;
+  }
+
+  // Runs a whole operation on another process's XRC SRQ, through its delivery thread
+  // (which reads the payload from, and writes results into, this process's memory).
+  packet::XrcVerdict xrc_forward(const packet::XrcAway& a) override {
+    const bool back = !a.result.empty();
+    iovec at{back ? static_cast<void*>(a.result.data()) : const_cast<uint8_t*>(a.payload.data()),
+             back ? a.result.size() : a.payload.size()};
+    wire::Request req;
+    req.src_qpn = a.src_qpn;
+    req.dst_qpn = qp->qpn();
+    req.type = IBV_QPT_XRC_SEND;
+    req.opcode = a.opcode;
+    req.flags = a.solicited ? IBV_SEND_SOLICITED : 0;
+    req.imm = a.imm;
+    req.remote_addr = a.va;
+    req.rkey = a.rkey;
+    req.xrc_srqn = a.srqn;
+    req.compare_add = a.compare_add;
+    req.swap = a.swap;
+    req.length = a.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || a.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD
+                     ? 8 : at.iov_len;
+    req.local = &at;
+    req.nlocal = at.iov_len ? 1 : 0;
+    req.pid = wire::self_pid();
+    wire::XrcTarget x;  // the QP's attributes as this link holds them (mu, not attr_mu)
+    x.access = qp_access;
+    x.min_rnr_timer = a.min_rnr_timer;
+    x.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    int tgt_error = wire::kXrcTgtFine;
+    const Outcome out = deliver_xrc_elsewhere(req, qp, x, &tgt_error);
+    packet::XrcVerdict v;
+    switch (out.kind) {
+      case Outcome::Ack: v.kind = packet::XrcVerdict::kAck; break;
+      case Outcome::RnrNak: v.kind = packet::XrcVerdict::kRnr; v.code = out.rnr_timer; break;
+      case Outcome::NoResponse: v.kind = packet::XrcVerdict::kNone; break;
+      case Outcome::Error:
+        v.kind = packet::XrcVerdict::kNak;
+        v.code = out.status == IBV_WC_REM_ACCESS_ERR ? rw::kNakRemoteAccessError
+                 : out.status == IBV_WC_REM_INV_REQ_ERR ? rw::kNakInvalidRequest
+                                                        : rw::kNakRemoteOperationalError;
+        // What the QP's process said: only the events the same-host path takes (agent.cpp).
+        if (tgt_error >= 0) v.event = static_cast<ibv_event_type>(tgt_error);
+        break;
+    }
+    return v;
   }
 
   std::optional<packet::RecvWqe> take_receive(std::span<const uint8_t> first) override {

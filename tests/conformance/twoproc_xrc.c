@@ -14,13 +14,15 @@
  *  4. (same host) B opens the domain on the same file: it exists for B (O_EXCL fails), it
  *     outlives A's handles while B holds it, and once B died without closing it, it is
  *     gone (no O_CREAT: EAGAIN).
- *  5. (same host) Three processes: C (a second child of A, always on A's host) opens the
- *     domain and owns an XRC SRQ; B's INI QP sends through A's TGT QP into C's SRQ: SEND
- *     (completion in C: wc.qp_num the TGT QP, wc.src_qp the INI QP), WRITE and READ at
- *     C's memory (the SRQ's PD), a SEND that meets C's SRQ empty and waits (RNR) until C
- *     posts; then a garbage SRQ number in C's range and, once C died, C's SRQ number:
- *     REM_INV_REQ_ERR, the TGT QP to ERR with IBV_EVENT_QP_REQ_ERR.
- * Run between hosts (tests/hosts/twoproc.sh) steps 1-3 are the same over RoCE v2.
+ *  5. Three processes: C (a second child of A, always on A's host) opens the domain and
+ *     owns an XRC SRQ; B's INI QP sends through A's TGT QP into C's SRQ: SEND (completion
+ *     in C: wc.qp_num the TGT QP, wc.src_qp the INI QP), WRITE and READ at C's memory (the
+ *     SRQ's PD), a SEND that meets C's SRQ empty and waits (RNR) until C posts, a
+ *     three-packet SEND and WRITE and a FETCH_ADD; then a garbage SRQ number in C's range
+ *     and, once C died, C's SRQ number: REM_INV_REQ_ERR, the TGT QP to ERR with
+ *     IBV_EVENT_QP_REQ_ERR.
+ * Run between hosts (tests/hosts/twoproc.sh) steps 1-3 and 5 are the same over RoCE v2 (in
+ * step 5 A's process hands each message to C's whole, docs/xrc.md).
  */
 #include "common.h"
 
@@ -44,12 +46,7 @@ struct a_info {
 	uint64_t c_addr;
 };
 
-/* Step 5 runs on one host only: a TGT QP's messages for an XRC SRQ of another process go
- * through the SRQ owner's agent; over RoCE v2 that is not done yet (docs/xrc.md). */
-static int three_processes(void)
-{
-	return !sv_peer_on_other_host();
-}
+#define BIG 3000 /* three packets at MTU 1024 */
 
 static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
 {
@@ -156,6 +153,23 @@ static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint3
 	return ibv_post_send(qp, &wr, &bad);
 }
 
+static int post_xrc_fetch_add(struct ibv_qp *qp, uint64_t id, uint32_t srqn, struct ibv_mr *mr,
+			      size_t off, uint64_t raddr, uint32_t rkey, uint64_t add)
+{
+	struct ibv_sge sge = {sv_addr(mr, off), 8, mr->lkey};
+	struct ibv_send_wr wr = {0}, *bad;
+	wr.wr_id = id;
+	wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.wr.atomic.remote_addr = raddr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = add;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
 /* ---- B: the INI side ------------------------------------------------------------------ */
 
 static void peer_main(int s)
@@ -234,7 +248,7 @@ static void peer_main(int s)
 	sv_say(sock, 6);
 
 	/* 5: through A's TGT QP into C's XRC SRQ */
-	if (three_processes()) {
+	{
 		ini = ini_qp(&d, cq);
 		mine.tgt_qpn = ini->qp_num;
 		sv_exchange(sock, &mine, &a, sizeof(a));
@@ -256,6 +270,20 @@ static void peer_main(int s)
 		CHECK_OK(post_xrc(ini, 53, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
 		sv_say(sock, 31);
 		sv_expect_wc(cq, 53, IBV_WC_SUCCESS, ini, &wc);
+		/* Several packets each: over RoCE v2 A stages them and hands each message over. */
+		memset(sv_ptr(mr, 8192), 'L', BIG);
+		CHECK_OK(post_xrc(ini, 56, IBV_WR_SEND, a.c_srqn, mr, 8192, BIG, 0, 0));
+		sv_expect_wc(cq, 56, IBV_WC_SUCCESS, ini, &wc);
+		memset(sv_ptr(mr, 12288), 'M', BIG);
+		CHECK_OK(post_xrc(ini, 57, IBV_WR_RDMA_WRITE, a.c_srqn, mr, 12288, BIG,
+				  a.c_addr + 32768, a.c_rkey));
+		sv_expect_wc(cq, 57, IBV_WC_SUCCESS, ini, &wc);
+		memset(sv_ptr(mr, 16384), 0xee, 8);
+		CHECK_OK(post_xrc_fetch_add(ini, 58, a.c_srqn, mr, 16384, a.c_addr + 24576, a.c_rkey, 5));
+		sv_expect_wc(cq, 58, IBV_WC_SUCCESS, ini, &wc);
+		uint64_t orig;
+		memcpy(&orig, sv_ptr(mr, 16384), 8);
+		CHECK_EQ(orig, 0); /* C's word before the add */
 		/* A number in C's range that names no SRQ */
 		CHECK_OK(post_xrc(ini, 54, IBV_WR_SEND, a.c_srqn + 7, mr, 0, MSG, 0, 0));
 		sv_expect_wc(cq, 54, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
@@ -314,6 +342,7 @@ static void c_main(int s)
 	struct ibv_cq *cq = sv_create_cq(&d, 16, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
 	memset(sv_ptr(mr, 8192), 'C', 8);
+	memset(sv_ptr(mr, 24576), 0, 8);
 	struct ibv_srq *srq = xrc_srq(&d, x, cq);
 	CHECK_OK(sv_post_srq_recv(srq, 500, mr, 0, MSG));
 	struct c_info mine = {srq_num(srq), mr->rkey, sv_addr(mr, 0), 0, 0}, a;
@@ -331,11 +360,25 @@ static void c_main(int s)
 	CHECKF(memcmp(sv_ptr(mr, 4096), "WWWWWWWW", 8) == 0, "C: WRITE did not land");
 	sv_expect_empty(cq, "C's SRQ CQ before the receive is posted");
 	CHECK_OK(sv_post_srq_recv(srq, 501, mr, 0, MSG));
+	CHECK_OK(sv_post_srq_recv(srq, 502, mr, 16384, 4096));
 	sv_poll_one(cq, &wc);
 	CHECK_STATUS(wc, IBV_WC_SUCCESS);
 	CHECK_EQ(wc.wr_id, 501);
 	CHECK_EQ(wc.qp_num, a.tgt_qpn);
+	sv_poll_one(cq, &wc); /* B's three-packet SEND */
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 502);
+	CHECK_EQ(wc.byte_len, BIG);
+	CHECK_EQ(wc.src_qp, a.ini_qpn);
+	CHECKF(sv_ptr(mr, 16384)[0] == 'L' && sv_ptr(mr, 16384)[BIG - 1] == 'L' &&
+		       sv_ptr(mr, 16384)[BIG] == 0,
+	       "C: the three-packet SEND");
 	CHECK_EQ(sv_hear(s), 23);
+	CHECKF(sv_ptr(mr, 32768)[0] == 'M' && sv_ptr(mr, 32768)[BIG - 1] == 'M',
+	       "C: the three-packet WRITE did not land");
+	uint64_t word;
+	memcpy(&word, sv_ptr(mr, 24576), 8);
+	CHECK_EQ(word, 5); /* B's FETCH_ADD */
 	/* Dies with its SRQ: no cleanup. */
 	_exit(0);
 }
@@ -367,7 +410,7 @@ int main(void)
 	pid_t pid;
 	sock = sv_fork_peer(peer_main, &pid);
 	int csock = -1;
-	pid_t cpid = three_processes() ? fork_c(&csock) : -1;
+	pid_t cpid = fork_c(&csock);
 
 	struct sv_dev d;
 	sv_open(&d);

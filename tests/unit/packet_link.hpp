@@ -63,12 +63,33 @@ class Node : public pk::Env {
   bool invalidate_rkey(uint32_t rkey) override { return invalidatable.erase(rkey) == 1; }
   std::set<uint32_t> invalidatable;
   // XRC TGT: the XRC SRQ numbers of this node's domain (every one takes from `rq`).
-  bool select_xrc_srq(uint32_t srqn) override {
+  // Those of `xrc_elsewhere` belong to another process: xrc_forward records each operation
+  // sent there and answers with `away_answers` in turn (Ack once they run out).
+  pk::XrcSrqPlace select_xrc_srq(uint32_t srqn) override {
     xrc_selected.push_back(srqn);
-    return xrc_srqs.count(srqn) == 1;
+    if (xrc_elsewhere.count(srqn)) return pk::XrcSrqPlace::kElsewhere;
+    return xrc_srqs.count(srqn) == 1 ? pk::XrcSrqPlace::kHere : pk::XrcSrqPlace::kNone;
   }
-  std::set<uint32_t> xrc_srqs;
+  struct AwayCall {
+    ibv_wr_opcode opcode;
+    uint32_t srqn;
+    std::vector<uint8_t> payload;
+  };
+  pk::XrcVerdict xrc_forward(const pk::XrcAway& a) override {
+    away_calls.push_back({a.opcode, a.srqn, {a.payload.begin(), a.payload.end()}});
+    pk::XrcVerdict v{pk::XrcVerdict::kAck, 0, {}};
+    if (!away_answers.empty()) {
+      v = away_answers.front();
+      away_answers.pop_front();
+    }
+    if (v.kind == pk::XrcVerdict::kAck && !a.result.empty())
+      std::memset(a.result.data(), 0x5a, a.result.size());
+    return v;
+  }
+  std::set<uint32_t> xrc_srqs, xrc_elsewhere;
   std::vector<uint32_t> xrc_selected;
+  std::vector<AwayCall> away_calls;
+  std::deque<pk::XrcVerdict> away_answers;
   uint64_t atomic_execute(uint8_t* addr, ibv_wr_opcode op, uint64_t compare_add,
                           uint64_t swap) override {
     ++atomic_executions;

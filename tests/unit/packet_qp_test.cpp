@@ -159,6 +159,97 @@ TEST(PacketQp, XrcIniToTgt) {
   EXPECT_NE(std::find(p.b.events.begin(), p.b.events.end(), IBV_EVENT_QP_REQ_ERR), p.b.events.end());
 }
 
+// XRC, an SRQ of another process: the TGT QP stages a multi-packet SEND and hands it over
+// whole at its last packet, which it acknowledges only after the answer; an RNR answer
+// leaves the message staged for the retried last packet, no answer gets no ACK (the
+// requester's retry brings it again), and nothing is handed over twice.
+TEST(PacketQp, XrcSrqElsewhere) {
+  Pair p(pk::QpType::kRc);
+  p.a.qp.set_xrc(pk::XrcRole::kIni);
+  p.b.qp.set_xrc(pk::XrcRole::kTgt);
+  p.b.xrc_elsewhere = {0x7001};
+  const uint32_t len = 3000;  // three packets at MTU 1024
+  fill_pattern(p.a.mem.data(), len, 9);
+  p.b.away_answers = {pk::XrcVerdict{pk::XrcVerdict::kRnr, 1, {}},
+                      pk::XrcVerdict{pk::XrcVerdict::kNone, 0, {}},
+                      pk::XrcVerdict{pk::XrcVerdict::kAck, 0, {}}};
+  pk::SendWqe w = wqe(1, IBV_WR_SEND, {p.a.iov(0, len)});
+  w.xrc_srqn = 0x7001;
+  ASSERT_EQ(p.a.qp.post_send(std::move(w)), 0);
+  ASSERT_TRUE(p.link.run([&] { return !p.a.scq.empty(); }));
+  EXPECT_EQ(p.a.scq.back().status, IBV_WC_SUCCESS);
+  ASSERT_EQ(p.b.away_calls.size(), 3u);  // RNR, unanswered, done: the same whole message
+  for (const Node::AwayCall& c : p.b.away_calls) {
+    EXPECT_EQ(c.opcode, IBV_WR_SEND);
+    EXPECT_EQ(c.srqn, 0x7001u);
+    ASSERT_EQ(c.payload.size(), len);
+    EXPECT_EQ(std::memcmp(c.payload.data(), p.a.mem.data(), len), 0);
+  }
+  EXPECT_TRUE(p.b.rcq.empty());  // the receive completes in the SRQ's process
+  EXPECT_EQ(count_opcode(p.b, rw::kAck), static_cast<int>(p.b.sent.size()));
+
+  // READ and an atomic run there once; a WRITE goes whole; a NAK there fails the QP.
+  pk::SendWqe r = wqe(2, IBV_WR_RDMA_READ, {p.a.iov(4096, 2500)});
+  r.xrc_srqn = 0x7001;
+  r.remote_addr = 0x1000;
+  r.rkey = 77;
+  ASSERT_EQ(p.a.qp.post_send(std::move(r)), 0);
+  pk::SendWqe fa = wqe(3, IBV_WR_ATOMIC_FETCH_AND_ADD, {p.a.iov(8192, 8)});
+  fa.xrc_srqn = 0x7001;
+  fa.remote_addr = 0x2000;
+  ASSERT_EQ(p.a.qp.post_send(std::move(fa)), 0);
+  pk::SendWqe wr = wqe(4, IBV_WR_RDMA_WRITE, {p.a.iov(0, len)});
+  wr.xrc_srqn = 0x7001;
+  wr.remote_addr = 0x3000;
+  ASSERT_EQ(p.a.qp.post_send(std::move(wr)), 0);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 4; }));
+  for (const pk::Completion& c : p.a.scq) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(p.a.mem[4096], 0x5a);
+  EXPECT_EQ(p.a.mem[4096 + 2499], 0x5a);
+  EXPECT_EQ(p.a.mem[8192], 0x5a);  // the atomic's original value, as answered there
+  ASSERT_EQ(p.b.away_calls.size(), 6u);
+  EXPECT_EQ(p.b.away_calls[3].opcode, IBV_WR_RDMA_READ);
+  EXPECT_EQ(p.b.away_calls[4].opcode, IBV_WR_ATOMIC_FETCH_AND_ADD);
+  EXPECT_EQ(p.b.away_calls[5].opcode, IBV_WR_RDMA_WRITE);
+  EXPECT_EQ(p.b.away_calls[5].payload.size(), len);
+
+  p.b.away_answers = {pk::XrcVerdict{pk::XrcVerdict::kNak, rw::kNakRemoteAccessError,
+                                     IBV_EVENT_QP_ACCESS_ERR}};
+  pk::SendWqe bad = wqe(5, IBV_WR_SEND, {p.a.iov(0, 8)});
+  bad.xrc_srqn = 0x7001;
+  ASSERT_EQ(p.a.qp.post_send(std::move(bad)), 0);
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 5; }));
+  EXPECT_EQ(p.a.scq.back().status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(p.b.qp.state(), IBV_QPS_ERR);
+  EXPECT_NE(std::find(p.b.events.begin(), p.b.events.end(), IBV_EVENT_QP_ACCESS_ERR),
+            p.b.events.end());
+}
+
+// The same over a lossy, duplicating link: every message is handed over exactly once.
+TEST(PacketQp, XrcSrqElsewhereLossyLink) {
+  Pair p(pk::QpType::kRc);
+  p.a.qp.set_xrc(pk::XrcRole::kIni);
+  p.b.qp.set_xrc(pk::XrcRole::kTgt);
+  p.b.xrc_elsewhere = {0x7001};
+  p.link.drop_rate = 0.1;
+  p.link.dup_rate = 0.1;
+  p.link.reorder_rate = 0.1;
+  const int n = 20;
+  for (int i = 0; i < n; ++i) {
+    p.a.mem[i * 2048] = static_cast<uint8_t>(i);
+    pk::SendWqe w = wqe(i, IBV_WR_SEND, {p.a.iov(i * 2048, 1500 + i)});
+    w.xrc_srqn = 0x7001;
+    ASSERT_EQ(p.a.qp.post_send(std::move(w)), 0);
+  }
+  ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == n; }));
+  ASSERT_EQ(p.b.away_calls.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(p.a.scq[i].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(p.b.away_calls[i].payload.size(), 1500u + i);
+    EXPECT_EQ(p.b.away_calls[i].payload[0], static_cast<uint8_t>(i));
+  }
+}
+
 TEST(PacketQp, Atomics) {
   Pair p;
   uint64_t v = 40;

@@ -143,6 +143,8 @@ void PacketQp::reset_state() {
   msn_ = 0;
   sent_psn_nak_ = comm_est_raised_ = false;
   in_msg_ = InMessage::kNone;
+  away_active_ = xrc_away_ = false;
+  away_msg_.clear();
   recv_.reset();  // the owner empties its receive queue on RESET itself
   recv_offset_ = write_len_ = write_offset_ = 0;
   write_base_ = nullptr;
@@ -166,6 +168,7 @@ void PacketQp::enter_error() {
 
 void PacketQp::flush_receives() {
   in_msg_ = InMessage::kNone;
+  away_active_ = false;
   if (!recv_) recv_ = env_.take_receive({});
   while (recv_) {
     Completion wc;

@@ -134,6 +134,37 @@ struct RkeyResult {
   bool ok = false;
 };
 
+// XRC TGT: where the XRC SRQ a request names is (Env::select_xrc_srq).
+enum class XrcSrqPlace : uint8_t {
+  kNone,       // no XRC SRQ of the QP's domain has that number: an invalid request
+  kHere,       // one of the owner's: take_receive, resolve_rkey, ... work on it
+  kElsewhere,  // another process's: the operation goes there whole (Env::xrc_forward)
+};
+// An operation for an XRC SRQ of another process, once the QP has all of it (a SEND's or
+// WRITE's last packet, a READ or atomic request); PSN order, duplicates and ACKs stay the
+// QP's. The payload and the result lie in the QP's memory.
+struct XrcAway {
+  ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
+                                       // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
+  uint32_t srqn = 0;
+  uint32_t src_qpn = 0;  // the INI QP
+  uint8_t min_rnr_timer = 0, max_dest_rd_atomic = 0;  // the TGT QP's, for the checks there
+  uint32_t imm = 0;      // network order
+  bool solicited = false;
+  uint32_t rkey = 0;
+  uint64_t va = 0;
+  uint64_t compare_add = 0, swap = 0;
+  std::span<const uint8_t> payload;  // SEND, WRITE: the whole message
+  std::span<uint8_t> result;         // READ: its bytes; atomics: the original 8 bytes
+};
+// What became of it there. kNone: no answer (the process is slow or its answer was lost):
+// nothing is acknowledged, the requester's retry brings the last packet again.
+struct XrcVerdict {
+  enum Kind : uint8_t { kAck, kRnr, kNak, kNone } kind = kNone;
+  uint8_t code = 0;  // kRnr: the RNR timer; kNak: the NAK code (wire/roce/packet.hpp)
+  std::optional<ibv_event_type> event;  // kNak: raised as the QP goes to ERR
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -161,10 +192,13 @@ class Env {
   // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
   // when it cannot (the receive fails, IBA class J). By default nothing can be.
   virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
-  // XRC TGT: the request being handled names XRC SRQ `srqn` (XRCETH); take_receive,
-  // resolve_rkey, flush and receive completions use it from now on. False when no XRC SRQ
-  // of the QP's domain has that number: the request is invalid.
-  virtual bool select_xrc_srq(uint32_t /*srqn*/) { return false; }
+  // XRC TGT: the request being handled names XRC SRQ `srqn` (XRCETH); when it is here,
+  // take_receive, resolve_rkey, flush and receive completions use it from now on.
+  virtual XrcSrqPlace select_xrc_srq(uint32_t /*srqn*/) { return XrcSrqPlace::kNone; }
+  // XRC TGT, an SRQ elsewhere: runs `op` there and says how it went. Nothing is
+  // acknowledged before it returns.
+  virtual XrcVerdict xrc_forward(const XrcAway& /*op*/) { return {XrcVerdict::kNak, wire::roce::kNakInvalidRequest, {}};
+  }
 };
 
 // Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
@@ -275,6 +309,9 @@ class PacketQp {
   bool hold_receive(std::span<const uint8_t> first = {});
   void complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint32_t byte_len,
                         const Packet* last, uint32_t src_qp, unsigned flags, uint8_t sl = 0);
+  void do_away(const Packet& pkt, uint8_t op);
+  bool finish_away(const Packet& pkt, const XrcVerdict& v, bool single);
+  XrcAway away_op(const Packet& pkt, ibv_wr_opcode opcode) const;
   void send_ack(uint8_t syndrome, uint32_t psn);
   void responder_fatal(uint8_t nak_code, uint32_t psn, std::optional<ibv_event_type> event);
   void drop_message();
@@ -328,6 +365,15 @@ class PacketQp {
   uint32_t write_offset_ = 0;
   std::vector<AtomicReply> atomic_replies_;
   size_t atomic_next_ = 0;
+  // XRC TGT: the request being handled is for an SRQ of another process (select_xrc_srq),
+  // and the message in progress (in_msg_) is staged here for it, whole, at its last packet.
+  bool xrc_away_ = false;
+  bool away_active_ = false;
+  uint32_t away_srqn_ = 0;
+  uint64_t away_va_ = 0;
+  uint32_t away_rkey_ = 0;
+  uint32_t away_dma_len_ = 0;
+  std::vector<uint8_t> away_msg_;
 };
 
 // Gathers [offset, offset + len) of `sg` into `out` (cleared first); false if sg is shorter.

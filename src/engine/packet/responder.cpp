@@ -10,6 +10,7 @@
 //  UD: SEND ONLY with the right Q_Key, at most one MTU, behind a 40-byte GRH slot.
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "engine/packet/packet_qp.hpp"
 #include "wire/roce/grh.hpp"
@@ -21,6 +22,20 @@ namespace rw = wire::roce;
 namespace {
 
 inline constexpr uint8_t kAckUnlimited = rw::kAethAck | 0x1f;  // ACK, credits unlimited
+// XRC, an SRQ elsewhere: the longest message staged (the device's max_msg_sz), and the
+// staging kept between messages.
+inline constexpr uint64_t kMaxAwayMessage = uint64_t{1} << 31;
+inline constexpr size_t kKeepAwayBytes = size_t{1} << 20;
+
+// Makes `buf` hold `n` bytes; false when the memory cannot be had now.
+bool away_room(std::vector<uint8_t>& buf, uint64_t n) {
+  try {
+    buf.resize(n);
+    return true;
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
 
 bool starts_message(uint8_t op) {
   switch (op) {
@@ -72,9 +87,13 @@ void PacketQp::on_request(const Packet& pkt, const uint8_t* grh) {
   uint32_t psn = pkt.psn & kPsnMask;
   int32_t d = psn_diff(psn, epsn_);
   // XRC: the request's XRC SRQ must be one of this TGT QP's domain (an invalid request).
-  if (xrc_ == XrcRole::kTgt && !env_.select_xrc_srq(pkt.xrc_srqn)) {
-    if (d == 0) responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
-    return;
+  if (xrc_ == XrcRole::kTgt) {
+    const XrcSrqPlace place = env_.select_xrc_srq(pkt.xrc_srqn);
+    if (place == XrcSrqPlace::kNone) {
+      if (d == 0) responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+      return;
+    }
+    xrc_away_ = place == XrcSrqPlace::kElsewhere;
   }
   if (type_ == QpType::kRc) {
     if (d > 0) {
@@ -123,6 +142,10 @@ void PacketQp::execute(const Packet& pkt) {
     } else {
       drop_message();
     }
+    return;
+  }
+  if (xrc_away_ || away_active_) {
+    do_away(pkt, op);
     return;
   }
   if (op == rw::kReadRequest) {
@@ -288,7 +311,18 @@ void PacketQp::do_read(const Packet& pkt, bool duplicate) {
     return;
   }
   uint8_t* base = nullptr;
-  if (len > 0) {
+  if (xrc_away_) {
+    // The bytes come from the SRQ owner's memory (a duplicate reads them again).
+    if (!away_room(away_msg_, len)) return;  // no memory for it now: unanswered
+    XrcAway a = away_op(pkt, IBV_WR_RDMA_READ);
+    a.result = {away_msg_.data(), len};
+    const XrcVerdict v = env_.xrc_forward(a);
+    if (v.kind != XrcVerdict::kAck) {
+      if (v.kind == XrcVerdict::kNak && !duplicate) responder_fatal(v.code, psn, v.event);
+      return;  // kNone: unanswered, the requester asks again
+    }
+    base = away_msg_.data();
+  } else if (len > 0) {
     RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, len, IBV_ACCESS_REMOTE_READ);
     if (!r.ok) {
       if (!duplicate)
@@ -326,16 +360,25 @@ void PacketQp::do_atomic(const Packet& pkt) {
     responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     return;
   }
-  RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, 8, IBV_ACCESS_REMOTE_ATOMIC);
-  if (!r.ok) {
-    responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
-    return;
-  }
   bool cas = (pkt.opcode & 0x1f) == rw::kCompareSwap;
-  uint64_t orig = env_.atomic_execute(r.addr, cas ? IBV_WR_ATOMIC_CMP_AND_SWP
-                                                  : IBV_WR_ATOMIC_FETCH_AND_ADD,
-                                      cas ? pkt.compare : pkt.swap_add,
-                                      cas ? pkt.swap_add : 0);
+  uint64_t orig = 0;
+  if (xrc_away_) {
+    // Executed once, in the SRQ owner's process; its duplicates replay the cached answer.
+    XrcAway a = away_op(pkt, cas ? IBV_WR_ATOMIC_CMP_AND_SWP : IBV_WR_ATOMIC_FETCH_AND_ADD);
+    a.result = {reinterpret_cast<uint8_t*>(&orig), sizeof orig};
+    const XrcVerdict v = env_.xrc_forward(a);
+    if (v.kind == XrcVerdict::kNak) responder_fatal(v.code, psn, v.event);
+    if (v.kind != XrcVerdict::kAck) return;
+  } else {
+    RkeyResult r = env_.resolve_rkey(pkt.rkey, pkt.va, 8, IBV_ACCESS_REMOTE_ATOMIC);
+    if (!r.ok) {
+      responder_fatal(rw::kNakRemoteAccessError, psn, IBV_EVENT_QP_ACCESS_ERR);
+      return;
+    }
+    orig = env_.atomic_execute(r.addr, cas ? IBV_WR_ATOMIC_CMP_AND_SWP
+                                           : IBV_WR_ATOMIC_FETCH_AND_ADD,
+                               cas ? pkt.compare : pkt.swap_add, cas ? pkt.swap_add : 0);
+  }
   if (atomic_replies_.empty()) atomic_replies_.resize(std::max<uint8_t>(max_dest_rd_atomic_, 1));
   atomic_replies_[atomic_next_] = AtomicReply{psn, orig, true};
   atomic_next_ = (atomic_next_ + 1) % atomic_replies_.size();
@@ -471,6 +514,115 @@ void PacketQp::complete_receive(ibv_wc_status status, ibv_wc_opcode opcode, uint
   env_.push_completion(WorkQueue::kRecv, wc);
 }
 
+// ---- XRC: a request for an XRC SRQ of another process ------------------------------------
+// The QP keeps its PSN order, duplicate answers and ACKs; a SEND or WRITE is staged here
+// packet by packet and goes to the SRQ's process whole at its last packet, which is
+// acknowledged only once that process placed it (or definitely failed it). A refused last
+// packet (RNR, no answer) leaves the rest staged: the retry brings that packet again.
+
+XrcAway PacketQp::away_op(const Packet& pkt, ibv_wr_opcode opcode) const {
+  XrcAway a;
+  a.opcode = opcode;
+  a.srqn = pkt.xrc_srqn & kPsnMask;
+  a.src_qpn = dest_qpn_;
+  a.min_rnr_timer = min_rnr_timer_;
+  a.max_dest_rd_atomic = max_dest_rd_atomic_;
+  a.rkey = pkt.rkey;
+  a.va = pkt.va;
+  const bool cas = (pkt.opcode & 0x1f) == rw::kCompareSwap;
+  a.compare_add = cas ? pkt.compare : pkt.swap_add;
+  a.swap = cas ? pkt.swap_add : 0;
+  return a;
+}
+
+void PacketQp::do_away(const Packet& pkt, uint8_t op) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  // One message, one SRQ: its packets all name the SRQ its first one named.
+  const bool continues = in_msg_ != InMessage::kNone;
+  if (continues && (!away_active_ || !xrc_away_ || (pkt.xrc_srqn & kPsnMask) != away_srqn_)) {
+    responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  if (op == rw::kReadRequest) {
+    do_read(pkt, false);
+    return;
+  }
+  if (op == rw::kCompareSwap || op == rw::kFetchAdd) {
+    do_atomic(pkt);
+    return;
+  }
+  if (is_flush_or_atomic_write_op(op) || carries_ieth(op)) {  // not XRC operations
+    responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  const bool write = is_write_op(op);
+  if (starts_message(op)) {
+    away_msg_.clear();
+    away_active_ = true;
+    away_srqn_ = pkt.xrc_srqn & kPsnMask;
+    away_va_ = pkt.va;
+    away_rkey_ = pkt.rkey;
+    away_dma_len_ = pkt.dma_len;
+    in_msg_ = write ? InMessage::kWrite : InMessage::kSend;
+  }
+  const uint64_t staged = away_msg_.size(), total = staged + pkt.payload_len;
+  const uint64_t limit = write ? away_dma_len_ : kMaxAwayMessage;
+  if (total > limit || (write && ends_message(op) && total != away_dma_len_)) {
+    responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
+    return;
+  }
+  if (!away_room(away_msg_, total)) {
+    if (starts_message(op)) drop_message();
+    return;  // unanswered: the requester sends it again
+  }
+  if (pkt.payload_len) std::memcpy(away_msg_.data() + staged, pkt.payload, pkt.payload_len);
+  if (!ends_message(op)) {
+    epsn_ = psn_add(psn, 1);
+    if (pkt.ack_req) send_ack(kAckUnlimited, psn);
+    return;
+  }
+  const bool imm = carries_imm(op);
+  XrcAway a;
+  a.opcode = write ? (imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE)
+                   : (imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND);
+  a.srqn = away_srqn_;
+  a.src_qpn = dest_qpn_;
+  a.min_rnr_timer = min_rnr_timer_;
+  a.max_dest_rd_atomic = max_dest_rd_atomic_;
+  a.imm = imm ? pkt.imm : 0;
+  a.solicited = pkt.solicited;
+  a.rkey = away_rkey_;
+  a.va = away_va_;
+  a.payload = {away_msg_.data(), away_msg_.size()};
+  const XrcVerdict v = env_.xrc_forward(a);
+  if (!finish_away(pkt, v, starts_message(op))) away_msg_.resize(staged);
+}
+
+// Answers the last packet of a staged message; false when it is to come again (RNR, no
+// answer) and the message stays staged without it.
+bool PacketQp::finish_away(const Packet& pkt, const XrcVerdict& v, bool single) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  switch (v.kind) {
+    case XrcVerdict::kAck:
+      drop_message();
+      if (away_msg_.capacity() > kKeepAwayBytes) std::vector<uint8_t>().swap(away_msg_);
+      msn_ = psn_add(msn_, 1);
+      epsn_ = psn_add(psn, 1);
+      if (pkt.ack_req) send_ack(kAckUnlimited, psn);
+      return true;
+    case XrcVerdict::kNak:
+      responder_fatal(v.code, psn, v.event);
+      return true;
+    case XrcVerdict::kRnr:
+      send_ack(rw::kAethRnrNak | (v.code & 0x1f), psn);
+      break;
+    case XrcVerdict::kNone:
+      break;
+  }
+  if (single) drop_message();  // the retried ONLY starts afresh
+  return false;
+}
+
 void PacketQp::send_ack(uint8_t syndrome, uint32_t psn) {
   Packet r;
   r.opcode = bth_opcode(transport_bits(), rw::kAck);
@@ -491,6 +643,8 @@ void PacketQp::responder_fatal(uint8_t nak_code, uint32_t psn,
 
 void PacketQp::drop_message() {
   in_msg_ = InMessage::kNone;
+  away_active_ = false;
+  away_msg_.clear();
   recv_offset_ = 0;
   write_base_ = nullptr;
   write_len_ = write_offset_ = 0;
