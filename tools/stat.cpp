@@ -372,6 +372,27 @@ struct Segment {
   std::string problem;  // why the segment cannot be used, or empty
 };
 
+// Whether process `pid` maps the file at `path` (matched by inode in /proc/PID/maps);
+// nullopt when that cannot be told.
+std::optional<bool> maps_file(pid_t pid, const std::string& path) {
+  struct stat st;
+  std::string maps;
+  if (stat(path.c_str(), &st) != 0 ||
+      !read_small_file("/proc/" + std::to_string(pid) + "/maps", &maps, size_t{64} << 20))
+    return std::nullopt;
+  const std::string inode = " " + std::to_string(st.st_ino) + " ";
+  size_t at = 0;
+  while (at < maps.size()) {
+    size_t end = maps.find('\n', at);
+    if (end == std::string::npos) end = maps.size();
+    std::string line = maps.substr(at, end - at);
+    if (line.find(inode) != std::string::npos && line.find("/stat/" + std::to_string(pid)) != std::string::npos)
+      return true;
+    at = end + 1;
+  }
+  return false;
+}
+
 // Reads a segment with pread (never mmap: a file cut short under us must not SIGBUS us).
 Segment read_segment(const std::string& path, pid_t name_pid) {
   Segment seg;
@@ -431,8 +452,11 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
     p.set("problem", Val::string(seg.problem));
     return p;
   }
-  const bool same = info.exists && info.start_time == seg.header.start_time && info.state != 'Z' &&
-                    info.state != 'X';
+  bool same = info.exists && info.start_time == seg.header.start_time && info.state != 'Z' &&
+              info.state != 'X';
+  // A process that exec'd keeps its pid and start time but no longer maps the segment.
+  const bool execd = same && maps_file(pid, path) == false;
+  if (execd) same = false;
   std::string status = !same ? "dead"
                        : info.state == 'T' ? "stopped"
                        : info.state == 't' ? "stopped (traced)"
@@ -440,6 +464,7 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
   p.set("program", Val::string(bounded(seg.header.exe, sizeof(seg.header.exe))));
   p.set("status", Val::string(status));
   p.set("segment", Val::string(path));
+  if (execd) p.set("problem", Val::string("the process no longer maps its segment (exec'd)"));
   // Live fields are read only from the process the segment belongs to; one read of a
   // published object tells whether we may read it at all (ptrace access rules).
   bool readable = same;
