@@ -4,8 +4,10 @@
  * make a PD, an MR, a completion channel, a CQ on it and an RC QP, and connect the QPs
  * (RTS). Then, as the stat tests expect it:
  *   receiver: MR of 4096 bytes; 4 receives posted; gets 2 CQ events without acking them and
- *             without polling (2 completions wait in the CQ); armed solicited-only at the end;
- *             an SRQ (max_wr 16) holding 6 receives with limit 4.
+ *             without polling; then sends one message itself with the CQ armed and leaves
+ *             its event queued on the channel (3 completions wait in the CQ, the channel
+ *             is readable); armed solicited-only at the end; an SRQ (max_wr 16) holding 6
+ *             receives with limit 4.
  *   sender:   MR of 8192 bytes; sent 2 messages (completions polled); 3 receives posted; CQ
  *             not armed.
  * Then the receiver prints "READY <receiver pid> <sender pid> <receiver qpn> <sender qpn>"
@@ -13,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -188,6 +191,18 @@ int main(void)
 			DIE("ibv_get_cq_event");
 		/* Not acked, not polled: on purpose. */
 	}
+	/* One event left on the channel: our own send's completion, the CQ armed. */
+	if (ibv_req_notify_cq(s.cq, 0))
+		DIE("ibv_req_notify_cq");
+	struct ibv_sge sge = {(uintptr_t)s.buf, 16, s.mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 9, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	if (ibv_post_send(s.qp, &wr, &bad))
+		DIE("ibv_post_send");
+	struct pollfd pfd = {.fd = s.ch->fd, .events = POLLIN};
+	if (poll(&pfd, 1, 10000) != 1)
+		DIE("the channel did not become readable");
 	if (ibv_req_notify_cq(s.cq, 1))
 		DIE("ibv_req_notify_cq solicited");
 
