@@ -719,11 +719,12 @@ void print_table(std::string& out, const char* title, const Val& rows, const std
   }
 }
 
-std::string tables(const Val& all) {
+std::string tables(const Val& all, pid_t only) {
   std::string out;
   const Val* procs = all.get("processes");
   if (!procs || procs->items.empty()) {
-    out += "no softverbs process (state directory " + cell(all.get("state_dir"), {}) + ")\n";
+    out += only ? "no stat segment for PID " + std::to_string(only) : std::string("no softverbs process");
+    out += " (state directory " + cell(all.get("state_dir"), {}) + ")\n";
     return out;
   }
   for (const Val& p : procs->items) {
@@ -852,7 +853,7 @@ int main(int argc, char** argv) {
       print_json(out, all, 0);
       out += "\n";
     } else {
-      out = tables(all);
+      out = tables(all, only);
     }
     if (watch > 0 && !json) out = "\033[H\033[2J" + out;  // redraw in place
     if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0)
