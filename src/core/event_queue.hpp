@@ -171,6 +171,12 @@ class EventQueue {
     std::lock_guard<std::mutex> lock(mu_);
     return items_.empty();
   }
+  // Where `softverbs stat` looks (verbs/stat_publish.cpp): the FIFO, read from another
+  // process, and the eventfds whose counts say whether fd() is readable.
+  const void* items_address() const { return &items_; }
+  size_t item_size() const { return sizeof(T); }
+  int level_fd() const { return level_fd_; }
+  int wake_fd() const { return wake_fd_; }
 
  private:
   template <typename F>

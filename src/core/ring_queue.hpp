@@ -30,6 +30,9 @@ class RingQueue {
   }
   void pop_front() { ++head_; }
   void clear() { head_ = tail_ = 0; }
+  // Where `softverbs stat` reads the fill from another process (verbs/stat_publish.cpp).
+  const uint64_t* head_address() const { return &head_; }
+  const uint64_t* tail_address() const { return &tail_; }
   // Storage from `source` from now on (call while empty and before anything was pushed),
   // sized for `n` elements so that it never grows: one allocation, like a NIC's queue
   // buffer. Throws std::bad_alloc when the allocator fails.

@@ -11,6 +11,7 @@
 #include "verbs/control.hpp"
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -144,6 +145,7 @@ ibv_context* open_context(ibv_device* dev, int import_fd) {
   register_context(ctx);
   control::start_watcher();
   engine::start();
+  stat::publish(ctx);
   return ibv;
 }
 
@@ -153,6 +155,7 @@ int close_context(Context* ctx) {
   unregister_context(ctx);
   ::close(ctx->cmd_fd);
   pthread_mutex_destroy(&ctx->ibv()->mutex);
+  stat::withdraw(ctx);
   ctx->magic = kDead;
   delete ctx;
   return 0;

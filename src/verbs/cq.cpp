@@ -8,6 +8,7 @@
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/shm/arena.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -44,6 +45,7 @@ ibv_comp_channel* create_comp_channel(Context* ctx) {
   ch->ibv.context = ctx->ibv();
   ch->ibv.fd = ch->events.fd();
   ch->ibv.refcnt = 0;
+  stat::publish(ch);
   return &ch->ibv;
 }
 
@@ -53,6 +55,7 @@ int destroy_comp_channel(CompChannel* ch) {
   bool busy = ch->ibv.refcnt > 0;
   pthread_mutex_unlock(mu);
   if (busy) return EBUSY;
+  stat::withdraw(ch);
   ch->magic = kDead;
   delete ch;
   return 0;
@@ -102,8 +105,11 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
       cq->arm->store(wire::kArmNone);
     }
   }
-  std::lock_guard<std::mutex> lock(ctx->objects_mu);
-  ctx->cqs.insert(cq);
+  {
+    std::lock_guard<std::mutex> lock(ctx->objects_mu);
+    ctx->cqs.insert(cq);
+  }
+  stat::publish(cq);
   return c;
 }
 
@@ -168,6 +174,7 @@ int destroy_cq(Cq* cq) {
   // the next CQ there: a spurious drain or wake-up, never a lost event (Cq::armed).
   if (cq->shared_offset)
     if (wire::Arena* arena = wire::Arena::self()) arena->release(cq->shared_offset, sizeof(wire::CqShared));
+  stat::withdraw(cq);
   cq->magic = kDead;
   delete cq;
   uncount_object(Counted::Cq);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "verbs/verbs.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -76,6 +77,7 @@ ibv_pd* alloc_parent_domain(Context* ctx, const ibv_parent_domain_init_attr* att
   }
   base->users++;
   if (td) td->users++;
+  stat::publish(&p->pd);
   return &p->pd.ibv;
 }
 
@@ -83,6 +85,7 @@ void free_parent_domain(Pd* pd) {
   ParentDomain* p = pd->parent;
   pd->prot->users--;
   if (p->td) p->td->users--;
+  stat::withdraw(pd);
   pd->magic = kDead;
   delete p;
 }

@@ -10,6 +10,7 @@
 #include "verbs/verbs.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/shm/mr_shm.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -69,6 +70,7 @@ ibv_pd* alloc_pd(Context* ctx) {
     std::lock_guard<std::mutex> lock(ctx->shared->mu);
     ctx->shared->pds[pd->ibv.handle] = pd;
   }
+  stat::publish(pd);
   return &pd->ibv;
 }
 
@@ -86,6 +88,7 @@ int dealloc_pd(Pd* pd) {
     std::lock_guard<std::mutex> lock(pd->ctx->shared->mu);
     pd->ctx->shared->pds.erase(pd->ibv.handle);
   }
+  stat::withdraw(pd);
   pd->magic = kDead;
   delete pd;
   uncount_object(Counted::Pd);
@@ -125,6 +128,7 @@ Mr* make_mr(Pd* pd, char* host, void* addr, size_t length, uint64_t iova, unsign
   mr->ibv.rkey = key;
   MrTable::instance().publish(mr);
   pd->users++;
+  stat::publish(mr);
   return mr;
 }
 
@@ -188,6 +192,7 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
   }
   lock.unlock();
   MrTable::instance().publish(mr);
+  stat::publish(mr);
   return 0;
 }
 
@@ -204,6 +209,7 @@ int dereg_mr(Mr* mr) {
   if (mr->dmabuf_map) munmap(mr->dmabuf_map, mr->dmabuf_map_length);
   if (mr->dm) mr->dm->mrs--;
   mr->pd->users--;
+  stat::withdraw(mr);
   mr->magic = kDead;
   delete mr;
   uncount_object(Counted::Mr);

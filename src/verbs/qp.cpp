@@ -14,6 +14,7 @@
 #include "verbs/verbs.hpp"
 #include "wire/shm/mcast.hpp"
 #include "wire/transport.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -430,6 +431,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
     ctx->qps.insert(qp);
   }
   wire::register_qp(qp->qpn(), qp, &qp->users);
+  stat::publish(qp);
   return q;
 }
 
@@ -440,6 +442,11 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
     qp->qp()->state = static_cast<ibv_qp_state>(tgt->state.load());
     return err;
   }
+  // `softverbs stat` shows the attributes as they are after this call, whatever it returns.
+  struct Republish {
+    Qp* qp;
+    ~Republish() { stat::publish(qp); }
+  } republish{qp};
   auto cur = static_cast<ibv_qp_state>(qp->state.load());
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur &&
       !(cur == IBV_QPS_SQE && attr->cur_qp_state == IBV_QPS_RTS))
@@ -605,6 +612,7 @@ int destroy_qp(Qp* qp) {
   tally_destroyed_qp(*qp);
   pthread_mutex_destroy(&q->mutex);
   pthread_cond_destroy(&q->cond);
+  stat::withdraw(qp);
   qp->magic = kDead;
   delete qp;
   uncount_object(Counted::Qp);
@@ -777,8 +785,11 @@ ibv_srq* create_srq(Pd* pd, ibv_srq_init_attr* init) {
   pthread_mutex_init(&srq->ibv.mutex, nullptr);
   pthread_cond_init(&srq->ibv.cond, nullptr);
   pd->users++;
-  std::lock_guard<std::mutex> lock(pd->ctx->objects_mu);
-  pd->ctx->srqs.insert(srq);
+  {
+    std::lock_guard<std::mutex> lock(pd->ctx->objects_mu);
+    pd->ctx->srqs.insert(srq);
+  }
+  stat::publish(srq);
   return &srq->ibv;
 }
 
@@ -856,6 +867,7 @@ int destroy_srq(Srq* srq) {
   free_tm_srq(srq);
   pthread_mutex_destroy(&srq->ibv.mutex);
   pthread_cond_destroy(&srq->ibv.cond);
+  stat::withdraw(srq);
   srq->magic = kDead;
   delete srq;
   uncount_object(Counted::Srq);

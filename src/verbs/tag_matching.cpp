@@ -11,6 +11,7 @@
 #include "core/tag_list.hpp"
 #include "engine/engine.hpp"
 #include "verbs/verbs.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -112,6 +113,7 @@ ibv_srq* create_tm_srq(Pd* pd, Cq* cq, ibv_srq_init_attr_ex* ex) {
   srq->tm = tm;
   srq->ibv.srq_context = ex->srq_context;
   cq->users++;  // its completions go there: the CQ stays while the SRQ does
+  stat::publish(srq);  // again, as a tag matching SRQ
   return s;
 }
 

@@ -28,6 +28,7 @@
 #include "wire/registry.hpp"
 #include "wire/shm/agent.hpp"
 #include "wire/transport.hpp"
+#include "verbs/stat_publish.hpp"
 
 namespace softverbs {
 
@@ -277,6 +278,7 @@ ibv_srq* create_xrc_srq(Context* ctx, ibv_srq_init_attr_ex* ex) {
   }
   xrcd->users++;
   cq->users++;
+  stat::publish(srq);  // again, with its number
   // What ibv_srq shows of an XRC SRQ (verbs.h: srq_type, xrcd, cq in verbs_srq are the
   // provider's business; the application sees the number through ibv_get_srq_num).
   return s;
