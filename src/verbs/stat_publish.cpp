@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <pthread.h>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,11 @@ pid_t g_seg_pid = 0;    // the process g_seg (or the failure to make it) belongs
 std::string* g_path = new std::string;  // immortal: the exit handler uses them
 auto* g_slots = new std::unordered_map<const void*, uint32_t>;
 auto* g_free = new std::vector<uint32_t>;
+
+// A fork while another thread held g_mu would leave it locked for good in the child, whose
+// first create would then hang: hold it across fork so the child's copy starts unlocked.
+const int g_fork_handlers = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
+                                           [] { g_mu.unlock(); });
 
 Record* records(Header* h) {
   return reinterpret_cast<Record*>(reinterpret_cast<char*>(h) + sizeof(Header));
