@@ -15,6 +15,7 @@
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
+#include "engine/shm_peer.hpp"
 #include "core/device.hpp"
 #include "core/core.hpp"
 #include "wire/registry.hpp"
@@ -50,8 +51,6 @@ void drop_peer_window(Qp* qp) {
   wire::unmap_peer_arena(pw.arena);  // the last window into that peer unmaps its memory
   pw.arena = {};
 }
-
-namespace {
 
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
@@ -111,6 +110,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.rq_cap = rq_cap;
   pw.pid = pid;
   pw.dst_qpn = dst_qpn;
+  pw.pd_token = hdr->pd_token;
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
   pw.arena = arena;
@@ -165,6 +165,8 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   }
 }
 
+namespace {
+
 // What a peer's responder would check before letting `need` at [remote_addr, +len) of the
 // MR (or memory window) named by rkey, read from what it publishes: its QP's access, the
 // MR table entry (key, PD, access, range, the QP a type 2 window is bound to). The entry's fields, read between two looks at its key, go to *out.
@@ -193,6 +195,8 @@ bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsi
   return remote_addr >= iova && len <= length && remote_addr - iova <= length - len;
 }
 
+}  // namespace
+
 // The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
 // mapped (decision 0005); nullptr otherwise.
 char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
@@ -201,6 +205,8 @@ char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remot
   if (at > e.shm_length || len > e.shm_length - at) return nullptr;  // reaches the private tail
   return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
 }
+
+namespace {
 
 // The payload of a checked WR as iovecs: the application's addresses when inline, else its
 // buffers through their keys (caller holds the key lock). -1: a bad key.
