@@ -4,6 +4,8 @@
 // Caller holds qp->sq_mu throughout.
 #pragma once
 
+#include <sys/uio.h>
+
 #include "core/core.hpp"
 #include "wire/shm/window.hpp"
 
@@ -22,5 +24,12 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
 // The target's bytes at `addr` (in the iova space of entry e, already checked to hold
 // [addr, +len)), when its pages are in the target's MR memfd and mapped here; else nullptr.
 char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t addr, uint64_t len);
+
+// The payload of a checked WR as iovecs: the application's addresses when inline, else its
+// buffers through their keys (caller holds the key lock). Their count, or -1: a bad key.
+int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v);
+// post_now's large SEND (shm_send_place.cpp): placed straight into the peer's next receive,
+// no WQE built. False: nothing was done (or it must be done again): build the WQE.
+bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len);
 
 }  // namespace softverbs::engine

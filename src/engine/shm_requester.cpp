@@ -206,8 +206,6 @@ char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remot
   return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
 }
 
-namespace {
-
 // The payload of a checked WR as iovecs: the application's addresses when inline, else its
 // buffers through their keys (caller holds the key lock). -1: a bad key.
 int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
@@ -221,8 +219,6 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
   }
   return n;
 }
-
-}  // namespace
 
 // A small SEND to a connected QP of another process, through the peer's receive window;
 // nullopt: take the agent path.
@@ -294,13 +290,11 @@ std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* loca
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
 }
 
-bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
-  bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
-  if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
-  // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).
-  if ((qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
-      qp->send_path.route != wire::Route::Shm || !Device::instance().port_active())
-    return false;
+namespace {
+
+// post_now's copy of a small SEND into the window's next slot, or of an RDMA WRITE into the
+// peer MR's shared pages; false: nothing happened.
+bool copy_now(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool send) {
   if (send ? len > wire::kWindowPayload : len == 0 || len > kMaxMsgSize) return false;
   wire::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);
   if (!pw) return false;
@@ -329,7 +323,21 @@ bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
   wire::copy_local(&to, 1, from, n, len);
   if (send)
     window_commit(pw, *slot, wr->opcode, wr->send_flags, wr->imm_data, static_cast<uint32_t>(len));
-  if (keys.owns_lock()) keys.unlock();
+  return true;
+}
+
+}  // namespace
+
+bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
+  if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
+  // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).
+  if ((qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
+      qp->send_path.route != wire::Route::Shm || !Device::instance().port_active())
+    return false;
+  // A SEND too large for the window's slots goes straight into the receive (shm_send_place.cpp).
+  bool placed = send && len > wire::kWindowPayload;
+  if (placed ? !post_placed(qp, wr, len) : !copy_now(qp, wr, len, send)) return false;
   if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
     ibv_wc wc{};
     wc.wr_id = wr->wr_id;

@@ -12,10 +12,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
 #include <optional>
+#include <shared_mutex>
 
 #include "engine/engine.hpp"
 #include "engine/shm_peer.hpp"
+#include "core/device.hpp"
 #include "core/core.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/shm/recv_place.hpp"
@@ -98,39 +101,60 @@ int place_of(const wire::PeerWindow* pw, uint64_t receive, uint32_t len, iovec* 
   return left ? -1 : n;
 }
 
-}  // namespace
-
-std::optional<Outcome> send_placed(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
-                                   uint32_t dst_qpn) {
-  if (w.total_length > UINT32_MAX) return std::nullopt;
-  uint32_t len = static_cast<uint32_t>(w.total_length);
+// Places a SEND of `len` bytes from `local` in the next receive of the peer QP dst_qpn and
+// hands its completion over; false: nothing was handed over (the agent path answers).
+bool place(Qp* qp, uint32_t dst_qpn, uint32_t opcode, uint32_t flags, uint32_t imm,
+           const iovec* local, int nlocal, uint64_t len64) {
+  if (len64 > kMaxMsgSize || len64 > UINT32_MAX) return false;
+  uint32_t len = static_cast<uint32_t>(len64);
   wire::PeerWindow* pw = peer_window(qp, dst_qpn);
-  if (!pw || !pw->mr_table) return std::nullopt;
+  if (!pw || !pw->mr_table) return false;
   wire::WindowSlot* s = window_slot(pw, len);  // the next receive is there and holds len
-  if (!s) return std::nullopt;
+  if (!s) return false;
   uint64_t receive = pw->taken;
   iovec shared[wire::kPlaceSges], cma[wire::kPlaceSges];
   uint32_t keys[wire::kPlaceSges];
   bool all_shared;
   int n = place_of(pw, receive, len, shared, &all_shared, cma, keys);
-  if (n < 0) return std::nullopt;
+  if (n < 0) return false;
   if (all_shared) {
     wire::copy_local(shared, n, local, nlocal, len);
   } else {
-    if (!pw->cross_memory) return std::nullopt;
+    if (!pw->cross_memory) return false;
     ssize_t done = process_vm_writev(pw->pid, local, nlocal, cma, n, 0);
     if (done < 0 && errno == EPERM) pw->cross_memory = false;
     // Part of it may have landed: the agent path lands it all again, or fails the receive.
-    if (done != static_cast<ssize_t>(len)) return std::nullopt;
+    if (done != static_cast<ssize_t>(len)) return false;
   }
   // An MR deregistered while we copied: the agent answers for that receive (its buffers
   // are gone: LOC_PROT_ERR), as it would have before the copy.
   for (int i = 0; i < n; ++i)
-    if (pw->mr_table[keys[i] >> 8].key.load(std::memory_order_acquire) != keys[i])
-      return std::nullopt;
+    if (pw->mr_table[keys[i] >> 8].key.load(std::memory_order_acquire) != keys[i]) return false;
   s->receive = receive;
-  window_commit(pw, *s, w.opcode | wire::kWindowPlaced, w.flags, w.imm, len);
-  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
+  window_commit(pw, *s, opcode | wire::kWindowPlaced, flags, imm, len);
+  return true;
+}
+
+}  // namespace
+
+std::optional<Outcome> send_placed(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                                   uint32_t dst_qpn) {
+  if (!place(qp, dst_qpn, w.opcode, w.flags, w.imm, local, nlocal, w.total_length))
+    return std::nullopt;
+  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(w.total_length)};
+}
+
+bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  iovec from[Limits::max_sge];
+  int n;
+  {
+    // Only to translate, as execute() does: the memory is the application's and stays.
+    std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
+    if (!(wr->send_flags & IBV_SEND_INLINE)) keys.lock();
+    n = payload_iovecs(qp, wr, from);
+  }
+  return n >= 0 && place(qp, qp->send_path.dest_qpn, wr->opcode, wr->send_flags, wr->imm_data,
+                         from, n, len);
 }
 
 }  // namespace softverbs::engine
