@@ -51,6 +51,10 @@ std::optional<Outcome> rdma_direct(Qp* qp, const SendWqe& w, const iovec* local,
                                    uint32_t dst_qpn);
 std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
                                      uint32_t dst_qpn);
+// Large SENDs placed by the requester (shm_send_place.cpp): a SEND too large for the
+// peer's receive window, copied straight into the buffers of the receive it completes.
+std::optional<Outcome> send_placed(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                                   uint32_t dst_qpn);
 // post_send's shortcut for a SEND, SEND_WITH_IMM or RDMA WRITE of `len` bytes that the
 // caller checked (ibv_post_send(3)'s argument errors), to the connected peer in another
 // process: straight into its receive window or its MR's shared pages, with no WQE built.
@@ -126,7 +130,12 @@ inline int64_t resolve_recv(Qp* t, const RecvWqe& r, iovec* out, int* n) {
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid);
 // 0 if its buffers fail the checks. Caller holds the key lock (shared).
 uint32_t receive_capacity(Qp* t, RecvWqe& r);
-void publish_receive_locked(Qp* t, uint32_t capacity);  // caller holds t->rq_mu
+// Publishes receive `r` (the newest of t's receive queue) in t's window; caller holds the
+// key lock (shared) and t->rq_mu.
+void publish_receive_locked(Qp* t, const RecvWqe& r, uint32_t capacity);
+// Where receive `r` of that capacity lands, for a requester to place a large SEND in
+// (shm_send_place.cpp); same locks.
+void publish_place(wire::RecvPlace& p, const RecvWqe& r, uint32_t capacity);
 void drain_window_locked(Qp* t);  // caller holds the key lock (shared) and t->rq_mu
 void drain_inbound(Cq* cq);
 // ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in

@@ -15,6 +15,7 @@
 #include <shared_mutex>
 
 #include "engine/engine.hpp"
+#include "engine/shm_peer.hpp"
 #include "core/device.hpp"
 #include "core/core.hpp"
 #include "wire/registry.hpp"
@@ -50,8 +51,6 @@ void drop_peer_window(Qp* qp) {
   wire::unmap_peer_arena(pw.arena);  // the last window into that peer unmaps its memory
   pw.arena = {};
 }
-
-namespace {
 
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
@@ -111,6 +110,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.rq_cap = rq_cap;
   pw.pid = pid;
   pw.dst_qpn = dst_qpn;
+  pw.pd_token = hdr->pd_token;
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
   pw.arena = arena;
@@ -165,6 +165,8 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   }
 }
 
+namespace {
+
 // What a peer's responder would check before letting `need` at [remote_addr, +len) of the
 // MR (or memory window) named by rkey, read from what it publishes: its QP's access, the
 // MR table entry (key, PD, access, range, the QP a type 2 window is bound to). The entry's fields, read between two looks at its key, go to *out.
@@ -193,6 +195,8 @@ bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsi
   return remote_addr >= iova && len <= length && remote_addr - iova <= length - len;
 }
 
+}  // namespace
+
 // The target's bytes at remote_addr, when its MR's pages are in its MR memfd and we have it
 // mapped (decision 0005); nullptr otherwise.
 char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remote_addr, uint64_t len) {
@@ -215,8 +219,6 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
   }
   return n;
 }
-
-}  // namespace
 
 // A small SEND to a connected QP of another process, through the peer's receive window;
 // nullopt: take the agent path.
@@ -288,13 +290,11 @@ std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* loca
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, 8};
 }
 
-bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
-  bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
-  if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
-  // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).
-  if ((qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
-      qp->send_path.route != wire::Route::Shm || !Device::instance().port_active())
-    return false;
+namespace {
+
+// post_now's copy of a small SEND into the window's next slot, or of an RDMA WRITE into the
+// peer MR's shared pages; false: nothing happened.
+bool copy_now(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool send) {
   if (send ? len > wire::kWindowPayload : len == 0 || len > kMaxMsgSize) return false;
   wire::PeerWindow* pw = peer_window(qp, qp->send_path.dest_qpn);
   if (!pw) return false;
@@ -323,7 +323,21 @@ bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
   wire::copy_local(&to, 1, from, n, len);
   if (send)
     window_commit(pw, *slot, wr->opcode, wr->send_flags, wr->imm_data, static_cast<uint32_t>(len));
-  if (keys.owns_lock()) keys.unlock();
+  return true;
+}
+
+}  // namespace
+
+bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
+  if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
+  // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).
+  if ((qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
+      qp->send_path.route != wire::Route::Shm || !Device::instance().port_active())
+    return false;
+  // A SEND too large for the window's slots goes straight into the receive (shm_send_place.cpp).
+  bool placed = send && len > wire::kWindowPayload;
+  if (placed ? !post_placed(qp, wr, len) : !copy_now(qp, wr, len, send)) return false;
   if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
     ibv_wc wc{};
     wc.wr_id = wr->wr_id;

@@ -24,10 +24,11 @@ constexpr unsigned kAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRI
 constexpr unsigned kAccessOptional = 0x3ff00000u;
 
 // Only memory a peer may write, read or update needs to be where peers can reach it:
-// through the MR's own key, or through memory windows bound to it.
+// through the MR's own key, through memory windows bound to it, or (LOCAL_WRITE) as the
+// buffer of a receive a peer's large SEND is placed in (docs/send-placement.md).
 bool peers_may_access(unsigned access) {
   return access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                   IBV_ACCESS_MW_BIND);
+                   IBV_ACCESS_MW_BIND | IBV_ACCESS_LOCAL_WRITE);
 }
 
 // Whether an MR's pages move into the shared MR memfd (decision 0005). Not ODP ones: their

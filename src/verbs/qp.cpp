@@ -734,7 +734,7 @@ int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       }
       RecvWqe& r = push_recv_wqe(qp->rq, wr);
       if (qp->window.load(std::memory_order_relaxed))
-        engine::publish_receive_locked(qp, engine::receive_capacity(qp, r));
+        engine::publish_receive_locked(qp, r, engine::receive_capacity(qp, r));
     }
     if (!qp->rnr_waiters.empty()) waiters = take_rnr_waiters(qp->rnr_waiters);
   }

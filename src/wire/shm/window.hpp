@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "wire/shm/arena.hpp"
+#include "wire/shm/recv_place.hpp"
 
 namespace softverbs::wire {
 
@@ -34,7 +35,7 @@ struct alignas(64) WindowSlot {
   uint32_t flags;   // send flags (IBV_SEND_SOLICITED matters)
   uint32_t imm;     // network order
   uint32_t length;
-  uint64_t reserved;
+  uint64_t receive;  // with kWindowPlaced: the receive (number since opening) it landed in
   uint8_t data[kWindowPayload];  // the first 32 bytes share the line with seq
 };
 
@@ -59,7 +60,8 @@ struct WindowHeader {
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
   alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
   // Followed by uint32_t rq_len[rq_cap]: byte capacity of receive #i (0: unusable), then
-  // by WindowSlot slots[kWindowSlots] at slots_offset.
+  // by RecvPlace places[rq_cap] (recv_place.hpp), then by WindowSlot slots[kWindowSlots]
+  // at slots_offset.
   uint32_t* rq_len() { return reinterpret_cast<uint32_t*>(this + 1); }
   WindowSlot* slots() {
     return reinterpret_cast<WindowSlot*>(reinterpret_cast<char*>(this) + slots_offset);
@@ -67,8 +69,12 @@ struct WindowHeader {
 };
 
 inline uint64_t window_bytes(uint32_t rq_cap) {
-  uint64_t slots = (sizeof(WindowHeader) + uint64_t{rq_cap} * 4 + 63) / 64 * 64;
+  uint64_t slots = window_places_at(sizeof(WindowHeader), rq_cap) + uint64_t{rq_cap} * sizeof(RecvPlace);
   return slots + uint64_t{kWindowSlots} * sizeof(WindowSlot);
+}
+inline RecvPlace* window_places(WindowHeader* hdr, uint32_t rq_cap) {
+  return reinterpret_cast<RecvPlace*>(reinterpret_cast<char*>(hdr) +
+                                      window_places_at(sizeof(WindowHeader), rq_cap));
 }
 
 // CQ arm values, shared by the target and its requesters.
@@ -126,6 +132,7 @@ struct PeerWindow {
   uint32_t rq_cap = 0;
   pid_t pid = 0;
   uint32_t dst_qpn = 0;
+  uint64_t pd_token = 0;  // the target QP's PD, as the window said when opened
   uint32_t backoff = 0;  // operations to skip before asking for a window again
   bool cross_memory = true;  // false once the kernel refused cross-memory attach
   int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
