@@ -147,6 +147,11 @@ uint8_t segment_op(bool send, size_t i, size_t count, bool imm, bool inv) {
 void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
   rw::PcapWriter* out = trace_writer();
   if (!out) return;
+  // Each exchange reaches the file when it is written: a process may end with _exit.
+  struct Flush {
+    rw::PcapWriter* w;
+    ~Flush() { w->flush(); }
+  } flush{out};
   const ibv_wr_opcode op = w.opcode;
   const bool send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV;
   const bool write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
