@@ -13,10 +13,15 @@
  *   delay --ms 100        the SEND completes no sooner than 100 ms after it was posted
  *   link-down --ms 100    IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE
  * The command is $SV_SOFTVERBS (the build's tools/softverbs), run with our pid and QPN.
+ * With the peer on another host (hosts.twoproc.inject) the QP speaks RoCE v2: drop and dup
+ * then act on its datagrams and its own transport answers (retransmission after the
+ * timeout, the duplicate dropped by PSN); fail, rnr and delay are same-host only (the
+ * command refuses them for such a QP, which is checked too).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "common.h"
 
@@ -68,6 +73,18 @@ static void inject(const char *kind, const struct ibv_qp *qp, const char *args)
 	CHECKF(system(cmd) == 0, "%s", cmd);
 }
 
+/* Runs the command expecting it to refuse (exit status 1). */
+static void inject_refused(const char *kind, const struct ibv_qp *qp, const char *args)
+{
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "%s inject %s %d %u %s", getenv("SV_SOFTVERBS"), kind,
+		 (int)getpid(), qp->qp_num, args);
+	sv_step("%s (refused on the wire)", cmd);
+	fflush(stdout);
+	int rc = system(cmd);
+	CHECKF(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "%s: status %d", cmd, rc);
+}
+
 static void expect_state(struct ibv_qp *qp, enum ibv_qp_state want)
 {
 	CHECKF(sv_query_state(qp) == want, "QP in %s, not %s", sv_qp_state_name(sv_query_state(qp)),
@@ -83,19 +100,24 @@ int main(void)
 	sv_open(&dev);
 	struct ibv_mr *mr = sv_alloc_mr(dev.pd, 4096, SV_ACCESS_ALL);
 	struct ibv_wc wc;
+	const int on_wire = sv_peer_on_other_host();
 
 	for (int round = 0; round < ROUNDS; round++) {
 		struct sv_pair_cfg cfg;
 		sv_pair_cfg_init(&cfg);
 		cfg.rnr_retry = 2;
-		cfg.timeout = 8;  /* 1 ms */
+		/* 1 ms; 16 ms on the wire, where a first packet may wait for neighbour resolution */
+		cfg.timeout = on_wire ? 12 : 8;
 		cfg.retry_cnt = 2;
 		struct ibv_cq *cq = sv_create_cq(&dev, 64, NULL, NULL);
 		struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
 		sv_connect_remote(qp, &dev, &cfg, sv_trade_qpn(sock, qp), NULL, 0, 0, 0);
 		CHECK_EQ(sv_hear(sock), 2);
 		int delivered = 0, want_delivered = 0;
-		switch (round) {
+		if (on_wire && (round == R_FAIL || round == R_FATAL || round == R_RNR || round == R_DELAY)) {
+			inject_refused(round == R_RNR ? "rnr" : round == R_DELAY ? "delay" : "fail", qp,
+				       round == R_DELAY ? "--ms 1" : round == R_RNR ? "" : "-s FATAL_ERR");
+		} else switch (round) {
 		case R_FAIL:
 			inject("fail", qp, "-s REM_ACCESS_ERR");
 			CHECK_OK(sv_post_send(qp, 1, mr, 0, LEN, IBV_SEND_SIGNALED));
