@@ -175,7 +175,7 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
   const uint8_t transport = transport_of(qp->type);
   const bool reliable = transport == rw::kRc || transport == rw::kXrc;
   Emitter emit(out, path, qp->qpn());
-  static thread_local uint8_t payload[4096];
+  uint8_t payload[4096];  // one packet's (never thread_local: a dlopen'ed library has little static TLS)
 
   rw::Packet p;
   p.dest_qp = path.dest_qpn;
