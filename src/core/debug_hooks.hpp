@@ -33,6 +33,7 @@ struct QpDebug {
   bool head_delayed = false;       // the head WQE already had its delay
   // The same-host trace (engine/trace_shm.cpp): next request PSN and the responder's MSN.
   bool psn_known = false;
+  uint32_t psn_base = 0;   // the sq_psn it counted from
   uint32_t psn = 0;
   uint32_t last_psns = 0;  // PSNs the last request took (a duplicate reuses them)
   uint32_t msn = 0;

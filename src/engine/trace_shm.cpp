@@ -164,7 +164,8 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
   const TracePath path = trace_path(qp, w);
   QpDebug& d = qp->debug;
   if (!d.psn_known) {
-    d.psn = path.sq_psn;
+    d.psn = d.psn_base = path.sq_psn;
+    d.msn = 0;
     d.psn_known = true;
   }
   const uint64_t len = w.total_length;

@@ -93,6 +93,8 @@ void refresh_send_path(Qp* qp) {
   p.timeout = a.timeout;
   p.retry_cnt = a.retry_cnt;
   p.rnr_retry = a.rnr_retry;
+  // A new sq_psn (a QP reset and connected again): the trace counts from it.
+  if (qp->debug.psn_known && (a.sq_psn & 0xffffff) != qp->debug.psn_base) qp->debug.psn_known = false;
 }
 
 // RESET discards every WQE without a completion and forgets the connection.
