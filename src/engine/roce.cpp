@@ -258,7 +258,10 @@ struct RoceLink final : packet::Env {
         return;
       }
       if (take_one(qp->debug.wire_dup)) {
-        if (qp->type == IBV_QPT_UD && !ud_dest.empty()) ud_dest.push_front(ud_dest.front());
+        if (qp->type == IBV_QPT_UD && !ud_dest.empty()) {
+          const UdDest again = ud_dest.front();  // the copy's address, used up by the first
+          ud_dest.push_front(again);
+        }
         send_datagram(pkt, payload);
       }
     }

@@ -159,7 +159,7 @@ std::string arm(const Request& r) {
   if (qpns.empty()) return r.qpn ? "error: no QP " + hex(r.qpn) + " in this process" : "error: no QP";
   g_debug_hooks.store(true);  // from now on the send path looks at the counters
   const uint32_t n = uint32_t(r.n);
-  std::string armed;
+  std::string armed, refused;
   for (uint32_t qpn : qpns) {
     wire::QpRef ref = wire::find_local(qpn);
     Qp* qp = ref.get();
@@ -167,8 +167,10 @@ std::string arm(const Request& r) {
     std::lock_guard<QueueMutex> lock(qp->sq_mu);
     QpDebug& d = qp->debug;
     const bool wire_qp = qp->roce.load() && qp->type != IBV_QPT_UD;
-    if (wire_qp && r.kind != "drop" && r.kind != "dup")
-      return "error: QP " + hex(qpn) + " talks to another host: only drop and dup act on the wire";
+    if (wire_qp && r.kind != "drop" && r.kind != "dup") {
+      refused = hex(qpn);
+      continue;  // a same-host fault: the process's other QPs may still take it
+    }
     if (r.kind == "fail") {
       d.fail = n;
       d.fail_status = r.status;
@@ -187,6 +189,8 @@ std::string arm(const Request& r) {
     }
     armed += (armed.empty() ? "" : ",") + hex(qpn) + (wire_qp ? "(wire)" : "");
   }
+  if (armed.empty())
+    return "error: QP " + refused + " talks to another host: only drop and dup act on the wire";
   return "ok: " + r.kind + " x" + std::to_string(n) + " armed on QP " + armed;
 }
 

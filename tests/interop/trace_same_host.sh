@@ -10,6 +10,7 @@
 #     twice, a NAK for the injected REM_ACCESS_ERR).
 #   trace_same_host.sh SOFTVERBS PORT SEMANTICS_TEST INJECT_TEST. Exit 77 without tshark.
 set -euo pipefail
+# shellcheck disable=SC2016 # awk conditions for count() are meant literally
 here=$(dirname "$0")
 softverbs=$1 port=$2 semantics=$3 inject=$4
 command -v tshark >/dev/null || { echo "skipped: no tshark"; exit 77; }
