@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # the awk conditions given to count() are meant literally
 # `softverbs trace -w FILE` of same-host traffic: the RoCE v2 packets a NIC would have sent
 # for work requests that went through shared memory. Each capture must dissect in tshark as
 # InfiniBand over UDP 4791 with no malformed packet, no expert error and valid ICRCs
@@ -10,7 +11,6 @@
 #     twice, a NAK for the injected REM_ACCESS_ERR).
 #   trace_same_host.sh SOFTVERBS PORT SEMANTICS_TEST INJECT_TEST. Exit 77 without tshark.
 set -euo pipefail
-# shellcheck disable=SC2016 # awk conditions for count() are meant literally
 here=$(dirname "$0")
 softverbs=$1 port=$2 semantics=$3 inject=$4
 command -v tshark >/dev/null || { echo "skipped: no tshark"; exit 77; }
