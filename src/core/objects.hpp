@@ -20,6 +20,7 @@
 #include "common/queue_mutex.hpp"
 #include "common/spin_lock.hpp"
 #include "core/event_queue.hpp"
+#include "core/debug_hooks.hpp"
 #include "core/ring_queue.hpp"
 #include "core/small_vec.hpp"
 #include "wire/shm/arena.hpp"
@@ -542,6 +543,8 @@ struct Qp {
   // Its RoCE v2 path, when its peer is on another host or it is UD (engine/roce.hpp):
   // set at RTR, freed on destroy.
   std::atomic<engine::RoceLink*> roce{nullptr};
+  // `softverbs inject` faults and `softverbs trace` sequence numbers (core/debug_hooks.hpp).
+  QpDebug debug;
 
   ibv_qp* qp() { return &ibv.qp_base; }
   uint32_t qpn() const { return ibv.qp_base.qp_num; }

@@ -155,8 +155,12 @@ void set_error(Qp* qp, int event) {
 }
 
 void cq_overrun(Cq* cq, bool first) {
-  if (first) raise_cq_event(cq, IBV_EVENT_CQ_ERR);
   std::lock_guard<std::mutex> lock(cq->ctx->objects_mu);
+  cq_overrun_locked(cq, first);
+}
+
+void cq_overrun_locked(Cq* cq, bool first) {
+  if (first) raise_cq_event(cq, IBV_EVENT_CQ_ERR);
   for (Qp* qp : cq->ctx->qps)
     if (qp->send_cq == cq || qp->recv_cq == cq) set_error(qp, IBV_EVENT_QP_FATAL);
 }

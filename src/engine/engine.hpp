@@ -31,6 +31,13 @@ void run_send_queue(Qp* qp);
 // the queue is empty), in QP state `st` (RTS or SQD): true when it completed (successfully
 // or not), false when it waits for a retry (a timer will kick the queue). Holds qp->sq_mu.
 bool run_wqe(Qp* qp, SendWqe& w, int st);
+// run_wqe when `softverbs inject` or `softverbs trace` is in use (debug_send.cpp): the
+// QP's injected faults first, then the WQE as run_wqe runs it, recorded in the trace.
+bool run_wqe_debug(Qp* qp, SendWqe& w, int st);
+// Writes a same-host exchange to the trace (trace_shm.cpp): the request packets of `w` and
+// what the responder answered (`o`); `resend`: the same request again (a duplicate), with
+// the PSNs of the last one. Caller holds qp->sq_mu.
+void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend);
 // Requester: executes one WQE once along its QP's path; what the target answered.
 Outcome execute(Qp* qp, const SendWqe& w);
 // Completer: what answer `o` means for WQE `w` (QP state `st`): true when it completed,
@@ -94,6 +101,7 @@ void flush_send_queue_locked(Qp* qp);  // caller holds qp->sq_mu
 void drop_peer_window(Qp* qp);
 // A CQ overran: raise CQ_ERR (first time) and move every QP feeding it to ERR.
 void cq_overrun(Cq* cq, bool first);
+void cq_overrun_locked(Cq* cq, bool first);  // caller holds cq->ctx->objects_mu
 
 void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len);
 void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status);

@@ -133,6 +133,7 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
   }
   // To another host: the WQE goes out as RoCE v2 packets and completes through the link.
   if (roce_post(qp, w)) return true;
+  if (debug_hooks_armed()) return run_wqe_debug(qp, w, st);
   return complete(qp, w, execute(qp, w), st);
 }
 
@@ -163,6 +164,7 @@ void kick(Qp* qp) {
 void kick_qpn(uint32_t qpn) { wire::kick(qpn); }
 
 void start() {
+  trace_writer();  // opens SOFTVERBS_TRACE's file now: the send path asks from its first WR
   wire::EngineHooks hooks;
   hooks.respond = &respond;
   hooks.respond_xrc = &respond_xrc;

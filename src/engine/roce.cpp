@@ -106,28 +106,7 @@ packet::QpType packet_type(ibv_qp_type t) {
                          : t == IBV_QPT_UC ? packet::QpType::kUc : packet::QpType::kRc;
 }
 
-// SOFTVERBS_TRACE=FILE (`softverbs trace -w FILE`): every RoCE v2 datagram this process
-// sends or receives, as a pcap file. The process whose pid is SOFTVERBS_TRACE_OWNER (the one
-// the wrapper exec'ed) writes FILE, any other FILE.PID; nullptr when not tracing.
-rw::PcapWriter* trace() {
-  static rw::PcapWriter* writer = []() -> rw::PcapWriter* {
-    const char* file = std::getenv("SOFTVERBS_TRACE");
-    if (!file || !*file) return nullptr;
-    std::string path = file;
-    const char* owner = std::getenv("SOFTVERBS_TRACE_OWNER");
-    if (!owner || std::atol(owner) != static_cast<long>(getpid()))
-      path += "." + std::to_string(getpid());
-    auto* w = new rw::PcapWriter;  // immortal: the port's thread writes until exit
-    if (!w->open(path.c_str())) {
-      std::fprintf(stderr, "softverbs: cannot write the trace %s: %s\n", path.c_str(),
-                   std::strerror(errno));
-      delete w;
-      return nullptr;
-    }
-    return w;
-  }();
-  return writer;
-}
+rw::PcapWriter* trace() { return trace_writer(); }
 
 void on_datagram(const rw::Datagram& d);
 void on_timer(uint64_t qpn);
@@ -205,6 +184,30 @@ rw::Port& port() {
 
 }  // namespace
 
+// SOFTVERBS_TRACE: every RoCE v2 datagram this process sends or receives, as a pcap file.
+// The process whose pid is SOFTVERBS_TRACE_OWNER (the one the wrapper exec'ed) writes FILE,
+// any other FILE.PID; nullptr when not tracing.
+rw::PcapWriter* trace_writer() {
+  static rw::PcapWriter* writer = []() -> rw::PcapWriter* {
+    const char* file = std::getenv("SOFTVERBS_TRACE");
+    if (!file || !*file) return nullptr;
+    std::string path = file;
+    const char* owner = std::getenv("SOFTVERBS_TRACE_OWNER");
+    if (!owner || std::atol(owner) != static_cast<long>(getpid()))
+      path += "." + std::to_string(getpid());
+    auto* w = new rw::PcapWriter;  // immortal: the port's thread writes until exit
+    if (!w->open(path.c_str())) {
+      std::fprintf(stderr, "softverbs: cannot write the trace %s: %s\n", path.c_str(),
+                   std::strerror(errno));
+      delete w;
+      return nullptr;
+    }
+    g_debug_hooks.store(true);  // the send path records same-host exchanges too
+    return w;
+  }();
+  return writer;
+}
+
 struct RoceLink final : packet::Env {
   RoceLink(Qp* q)
       : qp(q), pq(*this, packet_type(q->type), q->source_qpn ? q->source_qpn : q->qpn(), q->sq_sig_all),
@@ -247,6 +250,25 @@ struct RoceLink final : packet::Env {
 
   // ---- packet::Env -----------------------------------------------------------------------
   void send_packet(const rw::Packet& pkt, std::span<const packet::Iov> payload) override {
+    if (debug_hooks_armed()) {
+      // `softverbs inject drop|dup` on a QP of the wire: this datagram lost, or sent twice
+      // (the peer's transport sees what a lossy network would give it).
+      if (take_one(qp->debug.wire_drop)) {
+        if (qp->type == IBV_QPT_UD && !ud_dest.empty()) ud_dest.pop_front();
+        return;
+      }
+      if (take_one(qp->debug.wire_dup)) {
+        if (qp->type == IBV_QPT_UD && !ud_dest.empty()) {
+          const UdDest again = ud_dest.front();  // the copy's address, used up by the first
+          ud_dest.push_front(again);
+        }
+        send_datagram(pkt, payload);
+      }
+    }
+    send_datagram(pkt, payload);
+  }
+
+  void send_datagram(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
     ibv_gid s = sgid, d = dgid;
     uint8_t hop_limit = 0;
     if (qp->type == IBV_QPT_UD) {

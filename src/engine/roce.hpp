@@ -10,7 +10,16 @@
 
 #include "core/objects.hpp"
 
+namespace softverbs::wire::roce {
+class PcapWriter;
+}
+
 namespace softverbs::engine {
+
+// SOFTVERBS_TRACE=FILE (`softverbs trace -w FILE`): the pcap file this process writes its
+// RoCE v2 datagrams and its same-host exchanges (trace_shm.cpp) to; nullptr when not
+// tracing. The first call opens it (engine::start makes that call).
+wire::roce::PcapWriter* trace_writer();
 
 // After ibv_modify_qp applied `attr`/`mask` to qp (caller holds no QP lock): creates the
 // QP's RoCE link when it enters RTR towards another host (any UD QP entering RTR), and

@@ -12,6 +12,7 @@
 #include "common/state_dir.hpp"
 #include "engine/engine.hpp"
 #include "core/device.hpp"
+#include "verbs/inject.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs::control {
@@ -52,6 +53,7 @@ void watch(int fd) {
       if (ev->len) {
         if (std::strcmp(ev->name, "port1") == 0) apply_port_state(true);
         if (std::strcmp(ev->name, "device") == 0) apply_device_state();
+        if (inject::is_request(ev->name)) inject::apply();
       }
       p += sizeof(inotify_event) + ev->len;
     }
@@ -69,6 +71,7 @@ void start_watcher() {
     g_owner = getpid();
     g_device_token = read_state_word("device");  // baseline: no event
   }
+  inject::baseline();
   std::string dir = state_dir();
   mkdir(dir.c_str(), 0700);
   apply_port_state(false);

@@ -5,6 +5,8 @@
 // DEVICE_FATAL) on every open context of this process.
 //   port1:  "up" or "down" (level: read at start, events on change)
 //   device: "fatal <token>" (edge: a new token raises DEVICE_FATAL in running processes)
+//   inject.<pid>: a `softverbs inject` request for one process (verbs/inject.hpp), answered
+//           in inject-reply.<pid>
 #pragma once
 
 #include <string>

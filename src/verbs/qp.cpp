@@ -94,6 +94,8 @@ void refresh_send_path(Qp* qp) {
   p.timeout = a.timeout;
   p.retry_cnt = a.retry_cnt;
   p.rnr_retry = a.rnr_retry;
+  // A new sq_psn (a QP reset and connected again): the trace counts from it.
+  if (qp->debug.psn_known && (a.sq_psn & 0xffffff) != qp->debug.psn_base) qp->debug.psn_known = false;
 }
 
 // RESET discards every WQE without a completion and forgets the connection.
@@ -631,7 +633,8 @@ int send_state_error(int st) {
 int post_checked_locked(Qp* qp, const ibv_send_wr* wr, uint64_t total, int st, const ExWr* ex) {
   // Nothing ahead of it: run it now, and queue it only if it must wait for a retry.
   bool now = qp->sq.empty() && st == IBV_QPS_RTS;
-  if (now && engine::post_now(qp, wr, total)) return 0;
+  // The shortcut skips run_wqe, where injected faults and the trace are applied.
+  if (now && !debug_hooks_armed() && engine::post_now(qp, wr, total)) return 0;
   SendWqe w;
   if (int err = build_send_wqe(qp, wr, total, &w, ex)) return err;
   if (now && engine::run_wqe(qp, w, st)) return 0;

@@ -99,6 +99,14 @@ bool PcapWriter::open(const char* path) {
     errno = saved;
     return false;
   }
+  // The header reaches the file now: a process that ends with _exit still leaves a valid
+  // (if empty) capture.
+  if (fflush(f) != 0) {
+    const int saved = errno;
+    fclose(f);
+    errno = saved;
+    return false;
+  }
   file_ = f;
   failed_ = false;
   return true;
