@@ -86,7 +86,7 @@ struct Id {
   bool watched = false;       // `sock` is in the service's epoll set
   uint16_t port = 0;          // host order, once bound
   Id* listener = nullptr;     // passive ids: the listener whose request made them
-  int sgid_index = 0;
+  int sgid_index = -1;        // set wherever id.verbs is (bound to an address or resolved)
   ibv_gid sgid{};
   uint32_t psn = 0;           // our starting receive PSN (UD: send PSN), sent in REQ/REP
   uint32_t local_qpn = 0;     // QP-less ids: the QPN the application named
@@ -150,6 +150,9 @@ enum ibv_mtu device_mtu();
 // The GID index of a local address (any port), -1 if the address is not ours; a wildcard
 // address gives -2.
 int gid_index_of(const sockaddr* addr);
+// The GID index of 127.0.0.1: "this host" for wildcard destinations. Not always 0: the
+// interfaces' IPv4 addresses come first (src/wire/host.hpp).
+int loopback_gid_index();
 bool gid_at(int index, ibv_gid* out);
 uint16_t port_of(const sockaddr* addr);  // host order
 // A multicast IP address (224.0.0.0/4, ff00::/8), and the GID of its group on RoCE v2

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cm/cm.hpp"
@@ -118,6 +119,13 @@ int gid_index_of(const sockaddr* addr) {
     if (ibv_query_gid(s.ctx, 1, i, &g) == 0 && std::memcmp(g.raw, want.raw, 16) == 0) return i;
   }
   return -1;
+}
+
+int loopback_gid_index() {
+  sockaddr_in lo{};
+  lo.sin_family = AF_INET;
+  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return std::max(0, gid_index_of(reinterpret_cast<sockaddr*>(&lo)));
 }
 
 bool gid_at(int index, ibv_gid* out) {

@@ -262,9 +262,9 @@ int rdma_resolve_addr(rdma_cm_id* raw, sockaddr* src, sockaddr* dst, int timeout
       std::memset(&id->id.route.addr.dst_storage, 0, sizeof(sockaddr_storage));
       std::memcpy(&id->id.route.addr.dst_storage, dst, addr_len(dst));
       int index = dst_index;
-      if (index == -2) index = 0;  // connecting to "any" reaches this host
+      if (index == -2) index = loopback_gid_index();  // connecting to "any" reaches this host
       // A multicast group is reached through our own port.
-      if (is_multicast_addr(dst)) index = id->id.verbs ? id->sgid_index : 0;
+      if (is_multicast_addr(dst)) index = id->id.verbs ? id->sgid_index : loopback_gid_index();
       if (remote && !route_err && (route_err = remote_start_locked()) == 0) {
         // The neighbour (ARP/ND) next: ADDR_RESOLVED now or from the service's timers.
         err = remote_resolve_addr_locked(id, source, timeout_ms);

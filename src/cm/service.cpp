@@ -291,7 +291,7 @@ void on_request(int fd, Id* listener, const Msg& m) {
   const sockaddr* bound = &listener->id.route.addr.src_addr;
   int bound_index = gid_index_of(bound);
   int asked_index = gid_index_of(reinterpret_cast<const sockaddr*>(&m.dst));
-  if (asked_index == -2) asked_index = 0;
+  if (asked_index == -2) asked_index = loopback_gid_index();
   if (!matches || listener->state != IdState::Listening || asked_index < 0 ||
       (bound_index >= 0 && bound_index != asked_index) ||
       (!ud && m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC &&
@@ -758,7 +758,8 @@ int listen_locked(Id* id, int backlog) {
   watch_locked(id);
   // Reachable from other hosts unless bound to loopback: the QP1 agent takes their REQs.
   // Without it (no RoCE port, say), peers on this host still connect.
-  if (gid_index_of(&id->id.route.addr.src_addr) != 0) (void)remote_start_locked();
+  if (gid_index_of(&id->id.route.addr.src_addr) != loopback_gid_index())
+    (void)remote_start_locked();
   return 0;
 }
 

@@ -1,3 +1,4 @@
+// This host's addresses as GIDs (host.hpp): read from getifaddrs, per fork generation.
 #include "wire/host.hpp"
 
 #include <arpa/inet.h>
@@ -13,10 +14,16 @@ namespace softverbs::wire {
 
 namespace {
 
+// As a RoCE NIC lists its netdev's addresses: the interfaces' IPv4 addresses first, so GID 0
+// is one another host can reach (UCX, perftest and others take the first IPv4 GID), then
+// 127.0.0.1 (index 0 when only lo is up), then IPv6. No separate fe80 default GID first, as
+// rxe has: the interfaces' link-locals are in the IPv6 part, and a unicast send to one
+// carries no scope (port.cpp), so it would be a GID 0 other hosts could not use.
 std::vector<HostAddress> collect() {
-  std::vector<HostAddress> v4, v6;
+  std::vector<HostAddress> v4, v4_loopback, v6;
   uint32_t lo = htonl(INADDR_LOOPBACK);
-  v4.push_back({ipv4_mapped_gid(lo), static_cast<int>(if_nametoindex("lo"))});
+  // 127.0.0.1 is always there (same-host programs name it, lo up or not), first of its group.
+  v4_loopback.push_back({ipv4_mapped_gid(lo), static_cast<int>(if_nametoindex("lo"))});
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) == 0) {
     for (ifaddrs* ifa = list; ifa; ifa = ifa->ifa_next) {
@@ -25,7 +32,9 @@ std::vector<HostAddress> collect() {
       if (ifa->ifa_addr->sa_family == AF_INET) {
         auto* sin = reinterpret_cast<sockaddr_in*>(ifa->ifa_addr);
         if (sin->sin_addr.s_addr == lo) continue;
-        v4.push_back({ipv4_mapped_gid(sin->sin_addr.s_addr), index});
+        // Other addresses of lo (127.0.0.2, ...) reach no other host either: after 127.0.0.1.
+        auto& group = (ifa->ifa_flags & IFF_LOOPBACK) ? v4_loopback : v4;
+        group.push_back({ipv4_mapped_gid(sin->sin_addr.s_addr), index});
       } else if (ifa->ifa_addr->sa_family == AF_INET6) {
         auto* sin6 = reinterpret_cast<sockaddr_in6*>(ifa->ifa_addr);
         ibv_gid gid{};
@@ -35,6 +44,8 @@ std::vector<HostAddress> collect() {
     }
     freeifaddrs(list);
   }
+  if (v4.size() > 63) v4.resize(63);  // 127.0.0.1 keeps its place within the 64
+  v4.insert(v4.end(), v4_loopback.begin(), v4_loopback.end());
   v4.insert(v4.end(), v6.begin(), v6.end());
   if (v4.size() > 64) v4.resize(64);
   return v4;

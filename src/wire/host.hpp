@@ -14,8 +14,9 @@ struct HostAddress {
   int ifindex;
 };
 
-// 127.0.0.1 first, so GID index 0 always names this host, then the other IPv4 addresses,
-// then IPv6 ones; at most 64. Read from the interfaces on first use, and again on first
+// The interfaces' IPv4 addresses first (GID 0 is one another host can reach, as on a
+// RoCE NIC), then 127.0.0.1 (GID 0 when only lo is up), then IPv6 ones; at most 64.
+// Every entry names this host (is_host_gid). Read from the interfaces on first use, and again on first
 // use in a forked child (which may have moved to another network namespace).
 const std::vector<HostAddress>& host_addresses();
 bool is_host_gid(const ibv_gid& gid);

@@ -130,9 +130,10 @@ case $case_name in
     ;;
   no-cm)
     # A UD QP comes to RTR (and joins 4791) once the pingpong pair has met: its client on A.
-    start ud B 30 ibv_ud_pingpong -g 1 -p $((port + 2000)) -n 1000000
+    # -g 0: each host's veth IPv4 (hosts.devinfo_gids).
+    start ud B 30 ibv_ud_pingpong -g 0 -p $((port + 2000)) -n 1000000
     sleep 0.5
-    start uda A 30 ibv_ud_pingpong -g 1 -p $((port + 2000)) -n 1000000 "$b"
+    start uda A 30 ibv_ud_pingpong -g 0 -p $((port + 2000)) -n 1000000 "$b"
     for ((i = 0; i < 100; i++)); do
       [[ $(in_host B ss -Hulpn 'sport = :4791') == *ibv_ud_pingpong* ]] && break
       sleep 0.05

@@ -138,11 +138,12 @@ esac
 
 if [[ $case_name == forwarded ]]; then
   # The pingpongs first: their processes take the lowest registry slots and join 4791 first.
+  # -g 0: each host's veth IPv4, the first GID as on a NIC (hosts.devinfo_gids checks it).
   ud_port=$((port + 2000))
-  "${sv_b[@]}" ibv_ud_pingpong -g 1 -p "$ud_port" -n 1000000 >/dev/null 2>&1 &
+  "${sv_b[@]}" ibv_ud_pingpong -g 0 -p "$ud_port" -n 1000000 >/dev/null 2>&1 &
   ud_b=$!
   sleep 0.5
-  "${sv_a[@]}" ibv_ud_pingpong -g 1 -p "$ud_port" -n 1000000 "$b" >/dev/null 2>&1 &
+  "${sv_a[@]}" ibv_ud_pingpong -g 0 -p "$ud_port" -n 1000000 "$b" >/dev/null 2>&1 &
   ud_a=$!
   for ((i = 0; i < 40; i++)); do
     [[ $(in_host B ss -Hulpn 'sport = :4791') == *ibv_ud_pingpong* ]] && break
@@ -263,8 +264,8 @@ case $case_name in
     check "server exited 0" '((srv_rc == 0))'
     check "client exited 0" '((cli_rc == 0))'
     check "client printed a result line" "side_has cli '^ *[0-9]+ +[0-9]+ +[0-9.]+'"
-    # The GIDs perftest prints are those of its -x index (default 0, ::ffff:127.0.0.1), not
-    # the ones rdma_cm resolved: the trace below is what shows the path.
+    # The GIDs perftest prints are those of its -x index (by default the first IPv4 GID, the
+    # veth's), not the ones rdma_cm resolved: the trace below is what shows the path.
     ;;
   rpma)
     check "server exited 0" '((srv_rc == 0))'

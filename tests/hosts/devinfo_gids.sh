@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `softverbs run -- ibv_devinfo -v` on each of the two hosts (netns.sh) lists that host's own
 # addresses as RoCE v2 GIDs (its veth's IPv4 as ::ffff:a.b.c.d and its IPv6 ULA) and
-# neither the other host's nor the machine's. Exits 77 (skipped) without root.
+# neither the other host's nor the machine's, in a NIC's order: the veth IPv4 as GID 0 (what
+# UCX and perftest take with no setting), ::ffff:127.0.0.1 after it, IPv6 last. Exits 77
+# (skipped) without root.
 #   devinfo_gids.sh SOFTVERBS
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
 source "$(dirname "$0")/../interop/lib.sh"
@@ -28,8 +30,14 @@ for x in A B; do
   check "host $x: link_layer Ethernet" '[[ $(field link_layer) == Ethernet ]]'
   check "host $x: every GID line has the format" \
     '(($(grep -c "GID\[" <<<"$out") == $(gid_count "[^,]+") && $(gid_count "[^,]+") > 0))'
-  check "host $x: GID[0] is ::ffff:127.0.0.1 (index 0 names the host, as on one machine)" \
-    "stdout_has '$(gid_line 0 '::ffff:127\.0\.0\.1')'"
+  check "host $x: GID[0] is its veth IPv4 $own4 (the first IPv4 GID reaches other hosts)" \
+    "stdout_has '$(gid_line 0 "${own4//./\\.}")'"
+  check "host $x: ::ffff:127.0.0.1 once (same-host programs that name it)" \
+    "((\$(gid_count '::ffff:127\.0\.0\.1') == 1))"
+  lo_index=$(gid_index_of "$SOFTVERBS" $x ::ffff:127.0.0.1)
+  first6=$(host_gids "$SOFTVERBS" $x | awk '$2 !~ /^::ffff:/ { print $1; exit }')
+  check "host $x: loopback (GID $lo_index) after the veth IPv4, before IPv6 (first: $first6)" \
+    '[[ $lo_index =~ ^[1-9][0-9]*$ ]] && { [[ -z $first6 ]] || ((lo_index < first6)); }'
   check "host $x: its veth IPv4 address once, as $own4" "((\$(gid_count '${own4//./\\.}') == 1))"
   check "host $x: its IPv6 ULA once, as $own6" "((\$(gid_count '$own6') == 1))"
   check "host $x: not host $y's IPv4 address ($peer4)" "((\$(gid_count '${peer4//./\\.}') == 0))"

@@ -10,13 +10,12 @@
 # perftest ib_*; OPTIONS must include -n ITERS. LIMIT: the seconds each side may run (pair.sh).
 #
 # GIDs. Each side names its port's GID by index: the pingpongs with -g INDEX, perftest with
-# -x INDEX. Without them the pingpongs send a zero GID and build an AH without GRH, and
-# perftest takes the first IPv4-mapped RoCE v2 entry, which is ::ffff:127.0.0.1 (GID 0):
-# both fine on one machine, wrong between two. The index of the veth's ::ffff:a.b.c.d is
-# read from that host's `ibv_devinfo -v` (netns.sh, gid_index_of): softverbs lists
-# 127.0.0.1 first, then the other IPv4 addresses, then IPv6 (src/verbs/device.cpp), so in a
-# namespace with only lo and the veth it is 1 on both hosts:
-#   GID[0] ::ffff:127.0.0.1   GID[1] ::ffff:10.77.1.x   GID[2] ::1   GID[3] fd00:...::x   GID[4] fe80::...
+# -x INDEX. Without them the pingpongs send a zero GID and build an AH without GRH (fine on
+# one machine, wrong between two); perftest takes the first IPv4-mapped RoCE v2 entry. The
+# index of the veth's ::ffff:a.b.c.d is read from that host's `ibv_devinfo -v` (netns.sh,
+# gid_index_of): softverbs lists the interfaces' IPv4 addresses first, then 127.0.0.1, then
+# IPv6 (src/wire/host.hpp), so in a namespace with only lo and the veth it is 0 on both hosts:
+#   GID[0] ::ffff:10.77.1.x   GID[1] ::ffff:127.0.0.1   GID[2] ::1   GID[3] fd00:...::x   GID[4] fe80::...
 # The pingpongs print the GIDs they use ("GID ::ffff:10.77.1.1"), perftest as 16 decimal
 # bytes ("GID: 00:00:...:255:255:10:77:01:01"); the checks compare both sides' with what
 # each host should use.

@@ -3,11 +3,11 @@
 # given A's veth IPv4 address, each under `softverbs run` with UCX_TLS=TLS. Exits 77
 # (skipped) without root or without ucx-utils.
 #   ucx_hosts.sh SOFTVERBS PORT LIMIT TLS TEST ITERS
-# One UCX setting besides UCX_TLS: UCX_IB_GID_INDEX, the index of the host's veth
-# ::ffff:a.b.c.d (1 here, read from `ibv_devinfo -v`). UCX picks the first IPv4 GID that
-# ibv_create_ah accepts (uct_ib_device_select_gid), and softverbs lists ::ffff:127.0.0.1
-# first: right on one host, useless to the other (docs/ucx.md). An nftables counter on A
-# shows that RoCE v2 crossed the veth.
+# No UCX setting besides UCX_TLS (any UCX_* of the caller's environment is dropped). UCX picks
+# the first IPv4 GID that ibv_create_ah accepts (uct_ib_device_select_gid); softverbs lists
+# the interfaces' IPv4 addresses before ::ffff:127.0.0.1, as a NIC lists its netdev's, so
+# that is the veth's (docs/ucx.md, section 6). An nftables counter on A shows that RoCE v2
+# crossed the veth.
 # shellcheck disable=SC2016,SC2034 # check() evaluates its condition strings later
 source "$(dirname "$0")/../interop/lib.sh"
 source "$(dirname "$0")/../interop/pair.sh"
@@ -23,19 +23,17 @@ hosts_exit_cleanup # after pair_setup: keeps its cleanup too
 hosts_up || exit 1
 listening() { [[ -n $(in_host A ss -Hltn "sport = :$1") ]]; }
 
-a_index=$(gid_index_of "$SOFTVERBS" A "$HOST_A_GID4")
-b_index=$(gid_index_of "$SOFTVERBS" B "$HOST_B_GID4")
-echo "GID index of the veth address: A $a_index ($HOST_A_GID4), B $b_index ($HOST_B_GID4)"
-[[ -n $a_index && -n $b_index ]] || { echo "FAIL: a veth address is missing from the GID table"; exit 1; }
+unset "${!UCX_@}"
+echo "GID 0: A $(host_gids "$SOFTVERBS" A | awk '$1 == 0 { print $2 }')," \
+  "B $(host_gids "$SOFTVERBS" B | awk '$1 == 0 { print $2 }') (UCX's choice; no UCX_IB_GID_INDEX)"
 in_host A nft -f - <<NFT || { echo "FAIL: nft"; exit 1; }
 table inet svh_ucx {
   chain in { type filter hook input priority 0; iifname "$HOSTS_IF" udp dport 4791 counter; }
 }
 NFT
 
-server=("${HOST_A[@]}" "UCX_TLS=$tls" "UCX_IB_GID_INDEX=$a_index" "$SOFTVERBS" run --
-  ucx_perftest -p "$port")
-client=("${HOST_B[@]}" "UCX_TLS=$tls" "UCX_IB_GID_INDEX=$b_index" "$SOFTVERBS" run --
+server=("${HOST_A[@]}" "UCX_TLS=$tls" "$SOFTVERBS" run -- ucx_perftest -p "$port")
+client=("${HOST_B[@]}" "UCX_TLS=$tls" "$SOFTVERBS" run --
   ucx_perftest "$HOST_A_IP4" -p "$port" -t "$test" -n "$iters")
 pair_run
 ucx_perftest_checks "$test" "$iters"

@@ -14,6 +14,9 @@
 #   api_count SIDE post_send|wr   work requests that side posted through ibv_post_send or
 #                           the ibv_wr_* API, as softverbs counted them (SOFTVERBS_API_COUNTS)
 #   check_perftest_api [ON|OFF]   each perftest side used the post-send API it says it did
+#   host_gid INDEX          softverbs0's GID INDEX as the pingpongs print it (inet_ntop form)
+#   host_gid_index GID      the index of GID (text) in softverbs0's table
+#   regex_quote TEXT        TEXT as an extended regular expression matching it literally
 #
 # Time limits (seconds), from the environment or set before pair_run:
 #   PAIR_TIMEOUT      the client's limit; the server gets PAIR_TIMEOUT + 5, as it starts first
@@ -250,6 +253,17 @@ pair_show() {
   printf -- '--- %s exit code %d after %d ms%s\n' "$name" "${!rc_var}" "${!ms_var}" \
     "$( ((${!rc_var} == 124 || ${!rc_var} == 137)) && echo ' (timed out)')"
 }
+
+# softverbs0's GID table, one "INDEX GID" line per entry, from `ibv_devinfo -v`. Which
+# address is GID 0 depends on the machine's interfaces (src/wire/host.hpp): the first
+# interface IPv4 address, or ::ffff:127.0.0.1 when only lo is up.
+host_gid_table() {
+  "$SOFTVERBS" run -- ibv_devinfo -v -d softverbs0 |
+    sed -nE 's/^[[:space:]]*GID\[ *([0-9]+)\]:[[:space:]]+([^,]+), RoCE v2$/\1 \2/p'
+}
+host_gid() { host_gid_table | awk -v i="$1" '$1 == i { print $2; exit }'; }
+host_gid_index() { host_gid_table | awk -v gid="$1" '$2 == gid { print $1; exit }'; }
+regex_quote() { sed -E 's/[][\.*^$+?(){}|/]/\\&/g' <<<"$1"; }
 
 side_has() {
   local out_var=${1}_out err_var=${1}_err

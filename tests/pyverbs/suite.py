@@ -125,7 +125,7 @@ def give_cm_tests_an_address(cm_addr):
     every rdma_cm test ("Device softverbs0 doesn't have net interface"). Only a device
     that a kernel driver registered has the entry, so softverbs never will. Here, and only
     for RDMACMBaseTest and its subclasses, a device without the entry gets cm_addr (by
-    default 127.0.0.1, which softverbs0 has as GID 0); a device with the entry goes through
+    default 127.0.0.1, which softverbs0 lists among its GIDs); a device with the entry goes through
     the original code. The MAC stays unknown (None), as the original leaves it when the
     netdev has no address; only mlx5 tests read it. The files on disk stay as shipped: this
     patches the loaded class, before any test runs, and the forked passive and active

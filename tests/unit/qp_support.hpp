@@ -1,6 +1,7 @@
 // QP helpers for the unit tests: work-request builders, the RESET -> INIT -> RTR -> RTS
 // path for RC, UC and UD, and a fixture with two QPs of one type connected to each other
-// inside this process (address vector: GID index 0, this host).
+// inside this process (address vector: GID index 0, an address of this host: any GID of
+// this host takes the same-host path, whichever interface address it is).
 #pragma once
 
 #include <arpa/inet.h>

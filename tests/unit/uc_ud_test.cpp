@@ -159,7 +159,7 @@ TEST_F(UdPairTest, GrhSlotHoldsAnIpv4HeaderAndSlSaysSo) {
   EXPECT_EQ(r.sl, wire::roce::kL3Ipv4);
   const uint8_t* slot = buf_b.data();
   EXPECT_EQ(slot[20], 0x45) << "IPv4, 20-byte header";
-  const ibv_gid& dgid = Device::instance().gids()[0].gid;  // ::ffff:127.0.0.1
+  const ibv_gid& dgid = Device::instance().gids()[0].gid;  // IPv4-mapped: an IPv4 address
   EXPECT_EQ(std::memcmp(slot + 36, dgid.raw + 12, 4), 0) << "destination address";
 }
 
