@@ -142,7 +142,9 @@ void on_timer(uint64_t qpn);
 struct OutBatch {
   static constexpr size_t kMaxGroups = 32;
   static constexpr uint32_t kMaxSegments = 64;  // the kernel's UDP_MAX_SEGMENTS
-  static constexpr size_t kMaxGroupBytes = 60000;  // a GSO send is one IP datagram at first
+  // A GSO send is one IP datagram at first: its UDP payload stays under 65507 bytes. 62
+  // packets of a 1 KiB path MTU (1040 bytes each) fit: packet::kPacketsPerAckReq.
+  static constexpr size_t kMaxGroupBytes = 65000;
   static constexpr size_t kBytes = kMaxGroups * kMaxGroupBytes;
   uint8_t data[kBytes];
   size_t used = 0;
