@@ -410,17 +410,10 @@ int64_t steady_ns() {
       .count();
 }
 
-pid_t my_tid() {
-  thread_local const pid_t tid = pid_t(syscall(SYS_gettid));
-  return tid;
-}
-
-// The CPU time a thread of this process has run, by its kernel thread ID, through the
-// kernel's per-thread CPU clock (as pthread_getcpuclockid builds it); -1 once it is gone.
-int64_t thread_cpu_ns(pid_t tid) {
-  const clockid_t clock = clockid_t(int(~unsigned(tid) << 3) | 6);  // CPUCLOCK_SCHED | PERTHREAD
+// The CPU time all threads of this process have run so far.
+int64_t process_cpu_ns() {
   timespec ts;
-  if (tid <= 0 || clock_gettime(clock, &ts) != 0) return -1;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return -1;
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
@@ -689,17 +682,16 @@ void Port::park_group() {
     std::lock_guard<std::mutex> stats_lock(stats_mu_);
     ++stats_.parked;
   }
-  sample_app_cpu(my_tid());
+  sample_app_cpu();
   // One recheck at a time: a ping-pong parks and unparks every message, and a timer set
   // each time would cost a system call and wake this thread for nothing.
   if (!recheck_pending_.exchange(true))
     schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(config_.park_grace_ns));
 }
 
-// park_mu_ held: how much CPU the polling thread `tid` has had so far, and when.
-void Port::sample_app_cpu(pid_t tid) {
-  sample_tid_ = tid;
-  sample_cpu_ns_ = thread_cpu_ns(tid);
+// park_mu_ held: how much CPU the process has had so far, and when.
+void Port::sample_app_cpu() {
+  sample_cpu_ns_ = process_cpu_ns();
   sample_wall_ns_ = steady_ns();
 }
 
@@ -782,23 +774,23 @@ void Port::recheck_give_back() {
   if (!group_parked_.load(std::memory_order_relaxed)) return;
   const int64_t polled = app_polled_ns_.load(std::memory_order_relaxed);
   if (waiters_.load(std::memory_order_acquire) > 0 || (polled != 0 && steady_ns() - polled < grace)) {
-    sample_app_cpu(app_tid_.load(std::memory_order_relaxed));
+    sample_app_cpu();
     recheck_pending_.store(true);
     schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(grace));
     return;
   }
   // The program went away right after its poll found completions while packets came for
-  // it, and it ran meanwhile (it polls memory for an RDMA WRITE, say): from now on
-  // completions give the socket back. A pause with nothing arriving (a program between its
-  // phases, syncing with its peer out of band), or a polling thread the machine did not
-  // run (a loaded CPU: running, it would have polled), change nothing. What it ran since
-  // the sample counts from its last poll on (it may have polled all the time before).
+  // it, and it ran meanwhile (it polls memory for an RDMA WRITE, say, perhaps in another
+  // thread): from now on completions give the socket back. A pause with nothing arriving
+  // (a program between its phases, syncing with its peer out of band), or a process the
+  // machine did not run (a loaded CPU: running, the loop would have polled), change
+  // nothing. What the process ran since the sample counts from the last poll on (it may
+  // have polled all the time before); anything unsure errs towards giving the socket back.
   if (last_poll_found_.load(std::memory_order_relaxed) && fd_group_ >= 0) {
     uint8_t byte;
-    const pid_t tid = app_tid_.load(std::memory_order_relaxed);
-    const int64_t ran = thread_cpu_ns(tid) - sample_cpu_ns_;
+    const int64_t ran = process_cpu_ns() - sample_cpu_ns_;
     const int64_t ran_away = ran - std::max<int64_t>(0, polled - sample_wall_ns_);
-    if (tid == sample_tid_ && sample_cpu_ns_ >= 0 && ran_away >= grace / 16 &&
+    if (sample_cpu_ns_ >= 0 && ran_away >= grace / 16 &&
         recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
       eager_unpark_.store(true);
   }
@@ -827,7 +819,6 @@ void Port::handle_group() {
 int Port::poll() {
   if (config_.park_grace_ns) {
     app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
-    app_tid_.store(my_tid(), std::memory_order_relaxed);
   }
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it

@@ -289,13 +289,11 @@ class Port {
   std::atomic<int> waiters_{0};               // threads between wait_begin and wait_end
   std::atomic<bool> last_poll_found_{false};  // the application's last poll found completions
   std::atomic<bool> eager_unpark_{false};     // see poll_found
-  std::atomic<pid_t> app_tid_{0};             // the thread that polled last
-  // The polling thread's CPU time at the park or the last recheck (park_mu_): whether it
-  // ran while it was away from its CQs (recheck_give_back).
-  pid_t sample_tid_ = 0;
+  // The process's CPU time at the park or the last recheck (park_mu_): whether it ran
+  // while it was away from its CQs (recheck_give_back).
   int64_t sample_cpu_ns_ = -1;
   int64_t sample_wall_ns_ = 0;
-  void sample_app_cpu(pid_t tid);
+  void sample_app_cpu();
   std::mutex park_mu_;
   void park_group();
   void unpark_group();
