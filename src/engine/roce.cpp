@@ -935,7 +935,11 @@ bool roce_post(Qp* qp, SendWqe& w) {
 }
 
 bool roce_poll(bool hold_acks) {
-  t_app_receive = hold_acks;
+  static const bool hold_on = [] {
+    const char* v = std::getenv("SOFTVERBS_ACK_HOLD");
+    return !(v && *v == '0');
+  }();
+  t_app_receive = hold_acks && hold_on;
   const int n = port().poll();
   t_app_receive = false;
   return n > 0;

@@ -345,33 +345,39 @@ TEST(RocePort, AnApplicationWaitingOnItsCqReceivesAloneUntilItStops) {
   ASSERT_EQ(arrived(), 21u);
   EXPECT_FALSE(port.parked());
   EXPECT_FALSE(port.stats().eager_unpark) << "it slept: nothing to learn";
-  // Again, but it runs meanwhile (polls memory, as ib_write_lat): from then on the port
-  // gives the socket back at every poll that finds completions (eager_unpark).
-  for (int i = 0; i < 4; ++i) poll_empty();
-  port.poll_found();
-  EXPECT_TRUE(port.parked());
-  send_plain(IpAddress::loopback_v4(), udp_port, pkt);
-  for (auto end = std::chrono::steady_clock::now() + 5s;
-       arrived() < 22 && std::chrono::steady_clock::now() < end;) {
+  // Again, but it runs meanwhile (polls memory, as ib_write_lat), twice: from then on the
+  // port gives the socket back at every poll that finds completions (eager_unpark). Once
+  // is not enough (a program's one pause at its start).
+  size_t expect = 21;
+  for (int round = 0; round < Port::kEagerVotes; ++round) {
+    EXPECT_FALSE(port.stats().eager_unpark) << "after " << round << " rounds";
+    for (int i = 0; i < 4; ++i) poll_empty();
+    port.poll_found();
+    EXPECT_TRUE(port.parked());
+    send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+    ++expect;
+    for (auto end = std::chrono::steady_clock::now() + 5s;
+         arrived() < expect && std::chrono::steady_clock::now() < end;) {
+    }
+    ASSERT_EQ(arrived(), expect);
   }
-  ASSERT_EQ(arrived(), 22u);
   EXPECT_TRUE(port.stats().eager_unpark) << "it ran away from its CQs after completions";
   for (int i = 0; i < 4; ++i) poll_empty();
-  EXPECT_EQ(port.stats().parked, 3u);
   port.poll_found();
   EXPECT_FALSE(port.parked()) << "eager: completions give the socket back at once";
   send_plain(IpAddress::loopback_v4(), udp_port, pkt);
-  for (int i = 0; i < 2000 && arrived() < 23; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(arrived(), 23u);
+  ++expect;
+  for (int i = 0; i < 2000 && arrived() < expect; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(arrived(), expect);
   // Parked again, then the application goes away without a word: the port's thread takes
   // the socket back after the grace period and receives what waits.
   for (int i = 0; i < 4; ++i) poll_empty();
-  EXPECT_EQ(port.stats().parked, 4u);
   send_plain(IpAddress::loopback_v4(), udp_port, pkt);
-  for (int i = 0; i < 3000 && arrived() < 24; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(arrived(), 24u);
+  ++expect;
+  for (int i = 0; i < 3000 && arrived() < expect; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(arrived(), expect);
   std::lock_guard<std::mutex> lock(mu);
-  for (size_t i = 20; i < 24; ++i) EXPECT_NE(by[i], std::this_thread::get_id()) << "datagram " << i;
+  for (size_t i = 20; i < expect; ++i) EXPECT_NE(by[i], std::this_thread::get_id()) << "datagram " << i;
 }
 
 // A thread asleep in ibv_get_cq_event sleeps on the group socket too (wait_begin): the

@@ -786,13 +786,15 @@ void Port::recheck_give_back() {
   // machine did not run (a loaded CPU: running, the loop would have polled), change
   // nothing. What the process ran since the sample counts from the last poll on (it may
   // have polled all the time before); anything unsure errs towards giving the socket back.
+  // It takes kEagerVotes such rechecks: a program's one pause at its start (perftest works
+  // out its clock) is not a pattern.
   if (last_poll_found_.load(std::memory_order_relaxed) && fd_group_ >= 0) {
     uint8_t byte;
     const int64_t ran = process_cpu_ns() - sample_cpu_ns_;
     const int64_t ran_away = ran - std::max<int64_t>(0, polled - sample_wall_ns_);
     if (sample_cpu_ns_ >= 0 && ran_away >= grace / 16 &&
         recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
-      eager_unpark_.store(true);
+      if (eager_votes_.fetch_add(1) + 1 >= kEagerVotes) eager_unpark_.store(true);
   }
   group_parked_.store(false, std::memory_order_release);
   idle_polls_.store(0, std::memory_order_relaxed);

@@ -157,6 +157,9 @@ class Port {
   // The application stops polling (it is about to sleep until a completion event): the
   // port's thread receives again at once.
   void poll_stop();
+  // How many rechecks must see a program run away from its CQs after completions before
+  // they give the socket back at once (poll_found).
+  static constexpr int kEagerVotes = 2;
   // Whether the socket is left to polling applications now.
   bool parked() const { return group_parked_.load(std::memory_order_seq_cst); }
   // A thread that sleeps in ibv_get_cq_event on the group socket too (group_fd), and
@@ -289,6 +292,7 @@ class Port {
   std::atomic<int> waiters_{0};               // threads between wait_begin and wait_end
   std::atomic<bool> last_poll_found_{false};  // the application's last poll found completions
   std::atomic<bool> eager_unpark_{false};     // see poll_found
+  std::atomic<int> eager_votes_{0};           // rechecks that saw it (recheck_give_back)
   // The process's CPU time at the park or the last recheck (park_mu_): whether it ran
   // while it was away from its CQs (recheck_give_back).
   int64_t sample_cpu_ns_ = -1;
