@@ -121,7 +121,9 @@ void on_timer(uint64_t qpn);
 struct OutBatch {
   static constexpr size_t kMaxGroups = 32;
   static constexpr uint32_t kMaxSegments = 64;  // the kernel's UDP_MAX_SEGMENTS
-  static constexpr size_t kMaxGroupBytes = 60000;  // a GSO send is one IP datagram at first
+  // A GSO send is one IP datagram at first: its UDP payload stays under 65507 bytes. 62
+  // packets of a 1 KiB path MTU (1040 bytes each) fit: packet::kPacketsPerAckReq.
+  static constexpr size_t kMaxGroupBytes = 65000;
   static constexpr size_t kBytes = kMaxGroups * kMaxGroupBytes;
   uint8_t data[kBytes];
   size_t used = 0;
@@ -182,6 +184,21 @@ rw::Port& port() {
   return *p;
 }
 
+// ACKs held back while an application receives (RoceLink::hold_ack). An application that
+// polls its CQ receives its QPs' packets itself; a plain ACK for what it received then
+// waits for the QP's next packet to the same peer (its next SEND, in a ping-pong), to leave
+// in the same UDP GSO send: one datagram's way through the kernel for both. IBA lets a
+// responder coalesce ACKs; what bounds the wait is below.
+thread_local bool t_app_receive = false;  // this thread is in roce_poll
+// A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
+constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
+// Held back at most this many PSNs past the last ACK that left (the requester may have at
+// most packet::kMaxUnackedPsns outstanding): a stream of messages keeps its window open.
+constexpr int32_t kHoldAckPsns = 32;
+std::mutex g_held_mu;
+std::vector<uint32_t>* g_held = new std::vector<uint32_t>;  // QPNs; immortal (port thread)
+std::atomic<int> g_held_count{0};                          // links holding an ACK now
+
 }  // namespace
 
 // SOFTVERBS_TRACE: every RoCE v2 datagram this process sends or receives, as a pcap file.
@@ -235,6 +252,11 @@ struct RoceLink final : packet::Env {
   // Inline data outlives ibv_post_send here: a slot per WQE that can be in flight, plus one.
   std::vector<std::vector<uint8_t>> inline_ring;
   uint64_t posted = 0;
+  // The ACK held back (hold_ack), whether our QPN is in g_held, and the last ACK sent.
+  std::optional<rw::Packet> held_ack;
+  bool held_listed = false;
+  bool acked_any = false;
+  uint32_t acked_psn = 0;
   // Tag matching (engine/tm_responder.cpp): the receive being filled, as matched
   // (tm_take_receive), and the FINs' TMHs, which outlive their WQEs like inline data (more
   // rendezvous than slots unacknowledged at once would be a sender of 256 of them).
@@ -269,6 +291,63 @@ struct RoceLink final : packet::Env {
   }
 
   void send_datagram(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
+    // A plain ACK may wait for the QP's next packet (hold_ack); everything else leaves now.
+    const uint8_t op = pkt.opcode & 0x1f;
+    if (op == rw::kAck && pkt.syndrome == kPlainAck) {
+      if (hold_ack(pkt)) return;
+      drop_held_ack();  // this one acknowledges everything the held one did
+    } else if (held_ack && op >= rw::kReadResponseFirst && op <= rw::kAtomicAck) {
+      emit_held_ack();  // the responder's packets leave in order
+    }
+    emit(pkt, payload);
+    if (op == rw::kAck && (pkt.syndrome & 0xe0) == rw::kAethAck) {
+      acked_any = true;
+      acked_psn = pkt.psn & packet::kPsnMask;
+    }
+  }
+
+  // Holds a plain ACK back when an application thread received its request while it has
+  // the socket (parked: the port's recheck then runs, at most SOFTVERBS_POLL_PARK apart,
+  // and sends what is held), unless the requester may be running out of window. It leaves
+  // with the QP's next packet (sync_error), or at the application's next empty poll, its
+  // sleep, the socket's return to the port's thread, the recheck (flush_held_acks).
+  bool hold_ack(const rw::Packet& pkt) {
+    if (!t_app_receive || !port().parked()) return false;
+    const uint32_t psn = pkt.psn & packet::kPsnMask;
+    if (!acked_any) {
+      acked_any = true;
+      acked_psn = packet::psn_add(psn, packet::kPsnMask);
+    }
+    if (packet::psn_diff(psn, acked_psn) >= kHoldAckPsns) return false;
+    if (!held_ack) {
+      g_held_count.fetch_add(1, std::memory_order_seq_cst);
+      if (!held_listed) {
+        held_listed = true;
+        std::lock_guard<std::mutex> lock(g_held_mu);
+        g_held->push_back(qp->qpn());
+      }
+    }
+    held_ack = pkt;
+    // Given back meanwhile: whoever gave it back may have looked at g_held already.
+    if (!port().parked()) emit_held_ack();
+    return true;
+  }
+  void drop_held_ack() {
+    if (!held_ack) return;
+    held_ack.reset();
+    g_held_count.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  void emit_held_ack() {
+    if (!held_ack) return;
+    const rw::Packet ack = *held_ack;
+    drop_held_ack();
+    emit(ack, {});
+    acked_any = true;
+    acked_psn = ack.psn & packet::kPsnMask;
+  }
+
+  // Encodes one packet into this thread's send batch.
+  void emit(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
     ibv_gid s = sgid, d = dgid;
     uint8_t hop_limit = 0;
     if (qp->type == IBV_QPT_UD) {
@@ -562,11 +641,34 @@ struct RoceLink final : packet::Env {
     else if (error_event)
       raise_qp_event(qp, *error_event);
     error_event.reset();
+    // A held ACK goes with the packets this call produced (one GSO send, when it is no
+    // longer than they are), or at once outside an application's receive.
+    if (held_ack && (!t_app_receive || out_batch().n > 0)) emit_held_ack();
     flush();
   }
 };
 
 namespace {
+
+// Sends every ACK held back (RoceLink::hold_ack).
+void flush_held_acks() {
+  if (g_held_count.load(std::memory_order_seq_cst) == 0) return;
+  std::vector<uint32_t> qpns;
+  {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    qpns.swap(*g_held);
+  }
+  for (uint32_t qpn : qpns) {
+    wire::QpRef qp = wire::find_local(qpn);
+    if (!qp) continue;
+    RoceLink* link = qp->roce.load(std::memory_order_acquire);
+    if (!link) continue;
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->held_listed = false;
+    link->emit_held_ack();
+    RoceLink::flush();
+  }
+}
 
 // Multicast groups this process's QPs are attached to (roce_attach_mcast): by group
 // address, each attachment with what it holds of the port.
@@ -747,6 +849,7 @@ void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
 }
 
 void on_timer(uint64_t qpn) {
+  if (qpn == rw::Port::kRecheckTimerId) return flush_held_acks();
   wire::QpRef qp = wire::find_local(static_cast<uint32_t>(qpn));
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
@@ -905,18 +1008,39 @@ bool roce_post(Qp* qp, SendWqe& w) {
   return true;
 }
 
-bool roce_poll() { return port().poll() > 0; }
+bool roce_poll(bool hold_acks) {
+  static const bool hold_on = [] {
+    const char* v = std::getenv("SOFTVERBS_ACK_HOLD");
+    return !(v && *v == '0');
+  }();
+  t_app_receive = hold_acks && hold_on;
+  const int n = port().poll();
+  t_app_receive = false;
+  return n > 0;
+}
 
 int roce_wait_fd() { return port().group_fd(); }
-void roce_wait_begin() { port().wait_begin(); }
-void roce_wait_end() { port().wait_end(); }
+void roce_wait_begin() {
+  port().wait_begin();
+  flush_held_acks();  // about to sleep
+}
+void roce_wait_end() {
+  port().wait_end();
+  if (!port().parked()) flush_held_acks();
+}
 
 void roce_poll_result(bool found) {
   if (found) port().poll_found();
   else port().poll_idle();
+  // Held ACKs wait only while the application has found completions and has the socket:
+  // an empty poll means it waits for the peer, which may be waiting for them.
+  if (!found || !port().parked()) flush_held_acks();
 }
 
-void roce_poll_stop() { port().poll_stop(); }
+void roce_poll_stop() {
+  port().poll_stop();
+  flush_held_acks();
+}
 
 size_t roce_in_flight(Qp* qp) {
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
@@ -995,6 +1119,11 @@ void roce_detach_mcast(Qp* qp, const ibv_gid& gid) {
 void roce_destroy(Qp* qp) {
   RoceLink* link = qp->roce.exchange(nullptr, std::memory_order_acq_rel);
   if (!link) return;
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->emit_held_ack();
+    RoceLink::flush();
+  }
   port().cancel(qp->qpn());
   if (link->port_held) port().release();
   delete link;

@@ -32,8 +32,10 @@ bool roce_post(Qp* qp, SendWqe& w);
 // Send WQEs the link holds (sent, not yet completed): they count against max_send_wr.
 size_t roce_in_flight(Qp* qp);
 // ibv_poll_cq on an empty CQ that QPs on the wire feed: receives what waits on the port
-// now, on the caller's thread. True when something was received.
-bool roce_poll();
+// now, on the caller's thread. True when something was received. `hold_acks`: ACKs for
+// what it receives may wait for the QP's next packet (a polling loop, which says what it
+// found with roce_poll_result); false for a thread that may sleep next (events).
+bool roce_poll(bool hold_acks = true);
 // What such a poll returned: nothing (found=false: the application waits on the CQ), or
 // completions. Decides whether the port's thread or the application receives (Port).
 void roce_poll_result(bool found);

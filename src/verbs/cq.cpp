@@ -281,7 +281,7 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
       cq_moderation_expire_all(ch->cqs);
     }
     // Packets from the wire become completions (and the armed CQs' events) here.
-    if (wire) engine::roce_poll();
+    if (wire) engine::roce_poll(false);  // ACKs at once: this thread may sleep next
   };
   // Asleep, this thread also waits on the port's socket and receives what wakes it: one
   // wake-up per message instead of the port thread's and then this one.

@@ -410,6 +410,13 @@ int64_t steady_ns() {
       .count();
 }
 
+// The CPU time all threads of this process have run so far.
+int64_t process_cpu_ns() {
+  timespec ts;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return -1;
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 // Room for a source-address control message (IPV6_PKTINFO is the larger), a multicast hop
 // limit and a UDP_SEGMENT.
 constexpr size_t kSourceControlBytes =
@@ -675,10 +682,17 @@ void Port::park_group() {
     std::lock_guard<std::mutex> stats_lock(stats_mu_);
     ++stats_.parked;
   }
+  sample_app_cpu();
   // One recheck at a time: a ping-pong parks and unparks every message, and a timer set
   // each time would cost a system call and wake this thread for nothing.
   if (!recheck_pending_.exchange(true))
     schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(config_.park_grace_ns));
+}
+
+// park_mu_ held: how much CPU the process has had so far, and when.
+void Port::sample_app_cpu() {
+  sample_cpu_ns_ = process_cpu_ns();
+  sample_wall_ns_ = steady_ns();
 }
 
 void Port::unpark_group() {
@@ -689,6 +703,7 @@ void Port::unpark_group() {
 }
 
 void Port::poll_idle() {
+  last_poll_found_.store(false, std::memory_order_relaxed);
   if (config_.park_grace_ns == 0 || group_parked_.load(std::memory_order_relaxed)) return;
   if (idle_polls_.fetch_add(1, std::memory_order_relaxed) + 1 >= kParkAfterIdlePolls) {
     idle_polls_.store(0, std::memory_order_relaxed);
@@ -697,6 +712,19 @@ void Port::poll_idle() {
 }
 
 void Port::poll_found() {
+  last_poll_found_.store(true, std::memory_order_relaxed);
+  // Kept parked: a loop that found completions is back on its CQs within microseconds (a
+  // ping-pong's send and receive CQs), and giving the socket back and taking it again
+  // cost two epoll_ctl calls a message. Only once the recheck saw a program go away
+  // after completions (eager_unpark_) is it given back here.
+  if (!eager_unpark_.load(std::memory_order_relaxed)) {
+    if (!group_parked_.load(std::memory_order_relaxed)) idle_polls_.store(0, std::memory_order_relaxed);
+    return;
+  }
+  give_back();
+}
+
+void Port::give_back() {
   // A thread asleep in wait_begin receives every packet: the socket stays with it.
   if (waiters_.load(std::memory_order_acquire) > 0) return;
   if (!group_parked_.load(std::memory_order_acquire)) {
@@ -712,7 +740,7 @@ void Port::poll_found() {
 
 void Port::poll_stop() {
   app_polled_ns_.store(0, std::memory_order_relaxed);
-  poll_found();
+  give_back();
 }
 
 void Port::wait_begin() {
@@ -722,7 +750,7 @@ void Port::wait_begin() {
 
 void Port::wait_end() {
   waiters_.fetch_sub(1, std::memory_order_acq_rel);
-  poll_found();  // unless another thread still waits
+  give_back();  // unless another thread still waits
 }
 
 // After a wake-up on the group socket (one-shot): armed again unless an application took
@@ -732,17 +760,41 @@ void Port::rearm_group() {
   if (!group_parked_.load(std::memory_order_relaxed)) arm_group_locked(true);
 }
 
-// Parked: the application still polls, or the socket comes back to this thread.
+// Parked: the application still polls, or the socket comes back to this thread. Then the
+// owner's backstop (kRecheckTimerId), after the socket came back.
 void Port::recheck_parked() {
+  recheck_give_back();
+  if (on_timer_) on_timer_(kRecheckTimerId);
+}
+
+void Port::recheck_give_back() {
   const int64_t grace = config_.park_grace_ns;
   std::lock_guard<std::mutex> lock(park_mu_);
   recheck_pending_.store(false);
   if (!group_parked_.load(std::memory_order_relaxed)) return;
   const int64_t polled = app_polled_ns_.load(std::memory_order_relaxed);
   if (waiters_.load(std::memory_order_acquire) > 0 || (polled != 0 && steady_ns() - polled < grace)) {
+    sample_app_cpu();
     recheck_pending_.store(true);
     schedule(kGroupRecheck, Clock::now() + std::chrono::nanoseconds(grace));
     return;
+  }
+  // The program went away right after its poll found completions while packets came for
+  // it, and it ran meanwhile (it polls memory for an RDMA WRITE, say, perhaps in another
+  // thread): from now on completions give the socket back. A pause with nothing arriving
+  // (a program between its phases, syncing with its peer out of band), or a process the
+  // machine did not run (a loaded CPU: running, the loop would have polled), change
+  // nothing. What the process ran since the sample counts from the last poll on (it may
+  // have polled all the time before); anything unsure errs towards giving the socket back.
+  // It takes kEagerVotes such rechecks: a program's one pause at its start (perftest works
+  // out its clock) is not a pattern.
+  if (last_poll_found_.load(std::memory_order_relaxed) && fd_group_ >= 0) {
+    uint8_t byte;
+    const int64_t ran = process_cpu_ns() - sample_cpu_ns_;
+    const int64_t ran_away = ran - std::max<int64_t>(0, polled - sample_wall_ns_);
+    if (sample_cpu_ns_ >= 0 && ran_away >= grace / 16 &&
+        recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
+      if (eager_votes_.fetch_add(1) + 1 >= kEagerVotes) eager_unpark_.store(true);
   }
   group_parked_.store(false, std::memory_order_release);
   idle_polls_.store(0, std::memory_order_relaxed);
@@ -767,7 +819,9 @@ void Port::handle_group() {
 }
 
 int Port::poll() {
-  if (config_.park_grace_ns) app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
+  if (config_.park_grace_ns) {
+    app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
+  }
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
   return receive_locked(fd_group_, true, false);
@@ -889,7 +943,9 @@ void Port::deliver(const Datagram& d) {
 
 PortStats Port::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  return stats_;
+  PortStats s = stats_;
+  s.eager_unpark = eager_unpark_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace softverbs::wire::roce

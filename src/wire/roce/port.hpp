@@ -101,6 +101,7 @@ struct PortStats {
   uint64_t dropped = 0;          // too short, truncated, for no live process, bad forward
   uint64_t coalesced = 0;        // datagrams that came in a UDP GRO super-datagram
   uint64_t parked = 0;           // times the socket was left to a polling application
+  bool eager_unpark = false;     // a poll that found completions gives the socket back
   uint64_t probe_rounds = 0;     // programs attached by this process
   uint32_t group_size = 0;       // members our last round found
 };
@@ -110,6 +111,10 @@ class Port {
   using DatagramHandler = std::function<void(const Datagram&)>;
   using TimerHandler = std::function<void(uint64_t timer_id)>;
   using Clock = std::chrono::steady_clock;
+  // Given to the timer handler (on the port's thread) each time the parked socket's recheck
+  // runs, at most park_grace_ns apart while it is parked and once after it was given back:
+  // the owner's backstop for what it holds back while an application receives (ACKs).
+  static constexpr uint64_t kRecheckTimerId = uint64_t{1} << 62;
 
   // Handlers run on the port's thread, one at a time; they must not call release().
   Port(PortConfig config, DatagramHandler on_datagram, TimerHandler on_timer);
@@ -142,13 +147,21 @@ class Port {
   int poll();
   // What the application's poll found, after poll(): nothing (poll_idle; several in a row
   // mean it waits on its CQ, so the port's thread leaves the socket to it and is not woken
-  // for every packet), or completions (poll_found: it may now wait elsewhere, polling
-  // memory for an RDMA WRITE, say, so the port's thread receives again).
+  // for every packet), or completions (poll_found). After completions the socket stays
+  // with the application, which in a ping-pong polls again within microseconds; unless
+  // once an application went away after completions (to poll memory for an RDMA WRITE,
+  // say) and the recheck had to give the socket back: from then on (eager_unpark) every
+  // poll that finds completions gives it back at once, as a WRITE may come next.
   void poll_idle();
   void poll_found();
   // The application stops polling (it is about to sleep until a completion event): the
   // port's thread receives again at once.
   void poll_stop();
+  // How many rechecks must see a program run away from its CQs after completions before
+  // they give the socket back at once (poll_found).
+  static constexpr int kEagerVotes = 2;
+  // Whether the socket is left to polling applications now.
+  bool parked() const { return group_parked_.load(std::memory_order_seq_cst); }
   // A thread that sleeps in ibv_get_cq_event on the group socket too (group_fd), and
   // receives what wakes it with poll(): meanwhile the port's thread is not woken for packets.
   int group_fd() const { return fd_group_; }
@@ -200,6 +213,8 @@ class Port {
   int open_multicast_socket(const IpAddress& group, int ifindex);
   void rearm_group();  // the port's thread, after a wake-up on the group socket
   void recheck_parked();  // the port's thread, kGroupRecheck
+  void recheck_give_back();
+  void give_back();  // the socket back to the port's thread, unless a thread waits on it
   void handle_forwarded();
   void handle_answers();
   void handle_timers();
@@ -275,6 +290,14 @@ class Port {
   std::atomic<bool> group_parked_{false};
   std::atomic<bool> recheck_pending_{false};  // kGroupRecheck is scheduled
   std::atomic<int> waiters_{0};               // threads between wait_begin and wait_end
+  std::atomic<bool> last_poll_found_{false};  // the application's last poll found completions
+  std::atomic<bool> eager_unpark_{false};     // see poll_found
+  std::atomic<int> eager_votes_{0};           // rechecks that saw it (recheck_give_back)
+  // The process's CPU time at the park or the last recheck (park_mu_): whether it ran
+  // while it was away from its CQs (recheck_give_back).
+  int64_t sample_cpu_ns_ = -1;
+  int64_t sample_wall_ns_ = 0;
+  void sample_app_cpu();
   std::mutex park_mu_;
   void park_group();
   void unpark_group();
