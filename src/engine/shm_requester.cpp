@@ -25,8 +25,6 @@
 
 namespace softverbs::engine {
 
-namespace {
-
 // A wake-up fd from a peer is used only if it is what it should be, an eventfd (see
 // EventQueue), and never blocks us: a full counter makes the write fail and we ask the
 // peer's agent instead.
@@ -40,9 +38,8 @@ bool usable_wake_fd(int fd) {
          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
 }
 
-}  // namespace
-
 void drop_peer_window(Qp* qp) {
+  drop_ud_peers(qp);  // a UD QP's windows, one per destination (shm_ud.cpp)
   wire::PeerWindow& pw = qp->peer_window;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
@@ -202,6 +199,8 @@ char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remot
   return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
 }
 
+}  // namespace
+
 // The payload of a checked WR as iovecs: the application's addresses when inline, else its
 // buffers through their keys (caller holds the key lock). -1: a bad key.
 int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
@@ -215,8 +214,6 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
   }
   return n;
 }
-
-}  // namespace
 
 // A small SEND to a connected QP of another process, through the peer's receive window;
 // nullopt: take the agent path.
@@ -289,6 +286,7 @@ std::optional<Outcome> atomic_direct(Qp* qp, const SendWqe& w, const iovec* loca
 }
 
 bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  if (qp->type == IBV_QPT_UD) return post_ud_now(qp, wr, len);  // shm_ud.cpp
   bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
   if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
   // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).
