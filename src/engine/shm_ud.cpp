@@ -116,12 +116,14 @@ wire::UdPeerWindow* ud_peer(Qp* qp, uint32_t dst_qpn) {
 }
 
 // The next slot of `p`, or nullptr when the ring is full. A target that stopped consuming
-// may be gone (its registry slot taken over by another process): then the window goes.
+// may be gone (dead, or its registry slot taken over): then the window goes, and with the
+// last one its memory.
 wire::UdSlot* ud_slot(wire::UdPeerWindow* p) {
   if (p->tail - p->head >= wire::kWindowSlots) {
     p->head = p->hdr->head.load(std::memory_order_acquire);
     if (p->tail - p->head >= wire::kWindowSlots) {
-      if (wire::slot_owner(p->arena.slot) != p->pid) close_peer(*p);
+      if (wire::slot_owner(p->arena.slot) != p->pid || (kill(p->pid, 0) != 0 && errno == ESRCH))
+        close_peer(*p);
       return nullptr;
     }
   }
