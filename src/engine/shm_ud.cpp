@@ -9,16 +9,17 @@
 // What a window cannot carry (a full ring, no window, multicast, this process's own QPs)
 // keeps to the agent path, which answers as the responder does; the agent drains a QP's
 // windows before it delivers, so one sender's datagrams arrive in order either way.
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <vector>
 
 #include "core/core.hpp"
 #include "core/device.hpp"
@@ -352,8 +353,30 @@ bool drain_one(const UdTarget& tg, wire::UdInboundWindow& w, UdSink& sink, bool*
     // The slot is the sender's again once head says so: after its payload was copied out.
     w.head = head + 1;
     w.hdr->head.store(w.head, std::memory_order_release);
+    if (w.watch) w.watch->store(w.head, std::memory_order_release);
   }
   return false;
+}
+
+// The words a CQ's watch of a lone UD window reads for how far the target got
+// (Cq::solo_head). Ours alone: the window's own head is the sender's to scribble on, and a
+// head it moved would stall the watch. Never freed, so a CQ's stale pointer to one gives
+// only a wrong hint.
+std::mutex g_watch_mu;
+std::vector<std::atomic<uint64_t>*>& g_watch_free = *new std::vector<std::atomic<uint64_t>*>;
+
+std::atomic<uint64_t>* take_watch_word() {
+  std::lock_guard<std::mutex> lock(g_watch_mu);
+  if (g_watch_free.empty()) return new std::atomic<uint64_t>{0};
+  std::atomic<uint64_t>* w = g_watch_free.back();
+  g_watch_free.pop_back();
+  return w;
+}
+
+void give_back_watch_word(std::atomic<uint64_t>* w) {
+  if (!w) return;
+  std::lock_guard<std::mutex> lock(g_watch_mu);
+  g_watch_free.push_back(w);
 }
 
 void retire_window(const wire::UdInboundWindow& w) {
@@ -363,14 +386,20 @@ void retire_window(const wire::UdInboundWindow& w) {
 
 // Under t->ud_mu: the CQ's view of t's windows (Cq::solo_slots) follows their number.
 void update_watch_locked(Qp* t) {
-  bool one = t->ud_inbound.size() == 1;
-  t->ud_solo_slots.store(one ? reinterpret_cast<const wire::WindowSlot*>(t->ud_inbound[0].slots) : nullptr,
+  auto& v = t->ud_inbound;
+  bool one = v.size() == 1;
+  for (auto& w : v) w.watch = nullptr;
+  if (one) {
+    if (!t->ud_watch) t->ud_watch = take_watch_word();
+    t->ud_watch->store(v[0].head, std::memory_order_release);
+    v[0].watch = t->ud_watch;
+  }
+  t->ud_solo_slots.store(one ? reinterpret_cast<const wire::WindowSlot*>(v[0].slots) : nullptr,
                          std::memory_order_release);
-  t->ud_solo_head.store(one ? &t->ud_inbound[0].hdr->head : nullptr, std::memory_order_release);
+  t->ud_solo_head.store(one ? t->ud_watch : nullptr, std::memory_order_release);
   std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-  auto& v = t->recv_cq->inbound;
-  bool listed = std::find(v.begin(), v.end(), t) != v.end();
-  if (!t->ud_inbound.empty() && !listed) v.push_back(t);
+  auto& list = t->recv_cq->inbound;
+  if (!v.empty() && std::find(list.begin(), list.end(), t) == list.end()) list.push_back(t);
   update_solo_locked(t->recv_cq);
 }
 
@@ -450,7 +479,7 @@ uint64_t open_ud_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   hdr->live.store(1, std::memory_order_release);
   // The slots' seq words are 0 already (Arena::allocate gives zeros).
   auto* slots = reinterpret_cast<wire::UdSlot*>(reinterpret_cast<char*>(hdr) + wire::ud_window_slots_at());
-  v.push_back({hdr, slots, peer_qpn, 0, off, peer_pid});
+  v.push_back({hdr, slots, peer_qpn, 0, nullptr, off, peer_pid});
   update_watch_locked(t);
   return off;
 }
@@ -502,6 +531,8 @@ void close_ud_windows(Qp* t, bool deliver_first) {
   // A CQ's poll that found t before it left the list holds ud_mu until it is done.
   std::lock_guard<QueueMutex> lock(t->ud_mu);
   for (const auto& w : closing) retire_window(w);
+  give_back_watch_word(t->ud_watch);
+  t->ud_watch = nullptr;
 }
 
 }  // namespace softverbs::engine

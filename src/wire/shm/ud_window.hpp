@@ -79,6 +79,8 @@ struct UdInboundWindow {
   UdSlot* slots = nullptr;
   uint32_t peer_qpn = 0;
   uint64_t head = 0;  // messages consumed
+  // A lone window's count for the CQ to watch (see update_watch_locked), or nullptr.
+  std::atomic<uint64_t>* watch = nullptr;
   // The block in our arena, given back (Arena::retire) when the window closes, and the
   // one process allowed to write it.
   uint64_t offset = 0;
