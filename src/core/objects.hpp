@@ -25,6 +25,7 @@
 #include "core/small_vec.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/router.hpp"
+#include "wire/shm/ud_window.hpp"
 #include "wire/shm/window.hpp"
 
 namespace softverbs {
@@ -540,6 +541,19 @@ struct Qp {
   wire::InboundWindow inbound;
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;
+  // UD windows (wire/shm/ud_window.hpp, engine/shm_ud.cpp). Target side: one per sender QP
+  // of another process, under ud_mu (taken after the key lock, before rq_mu or the SRQ's
+  // lock). Sender side: windows into other processes' UD QPs, by QPN (under sq_mu).
+  QueueMutex ud_mu;
+  std::vector<wire::UdInboundWindow> ud_inbound;
+  std::vector<wire::UdPeerWindow> ud_peers;
+  uint64_t ud_opens = 0;  // under sq_mu: numbers ud_peers' entries in the order opened
+  // With one window, its slots and a count of what was consumed from it, for the CQ to
+  // watch (Cq::solo_slots; the slot layouts match): set under ud_mu, read under the CQ's
+  // inbound_mu. The count is ud_watch, a word of ours (shm_ud.cpp), not the window's head.
+  std::atomic<const wire::WindowSlot*> ud_solo_slots{nullptr};
+  std::atomic<const std::atomic<uint64_t>*> ud_solo_head{nullptr};
+  std::atomic<uint64_t>* ud_watch = nullptr;
   // Its RoCE v2 path, when its peer is on another host or it is UD (engine/roce.hpp):
   // set at RTR, freed on destroy.
   std::atomic<engine::RoceLink*> roce{nullptr};

@@ -152,6 +152,26 @@ void drain_inbound(Cq* cq);
 int drain_solo_into(Cq* cq, int max, ibv_wc* wc);
 void close_window(Qp* t, bool deliver);  // caller holds no QP lock
 
+// UD between processes of this host (shm_ud.cpp, wire/shm/ud_window.hpp).
+// Sender: a datagram of a built WQE, or one posted (post_now's terms), through the target
+// QP's UD window; nullopt / false: not taken, the agent path delivers it.
+std::optional<Outcome> send_ud_through_window(Qp* qp, const SendWqe& w, const iovec* local,
+                                              int nlocal);
+bool post_ud_now(Qp* qp, const ibv_send_wr* wr, uint64_t len);
+void drop_ud_peers(Qp* qp);  // caller holds qp->sq_mu, or is destroying qp
+// Target: open_window's UD case; the windows' datagrams into completions (the key lock
+// held or not); ibv_poll_cq's shortcut (drain_solo_into's UD case, t->ud_mu held).
+uint64_t open_ud_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid);
+void drain_ud(Qp* t, bool keys_held);
+int drain_ud_solo_locked(Cq* cq, Qp* t, int max, ibv_wc* wc);
+void close_ud_windows(Qp* t, bool deliver_first);  // close_window's UD case
+// Shared with the RC/UC windows: a peer's wake-up fd is an eventfd we may write without
+// blocking; a WR's payload as iovecs (-1: a bad key; caller holds the key lock unless
+// inline); under cq->inbound_mu, what the CQ watches after its list changed.
+bool usable_wake_fd(int fd);
+int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v);
+void update_solo_locked(Cq* cq);
+
 // Progress thread services.
 void schedule_kick(uint32_t qpn, Clock::time_point when);
 void schedule_flush(uint32_t qpn);

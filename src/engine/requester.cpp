@@ -74,6 +74,11 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     }
   }
 
+  // A datagram to a UD QP of another process of this host: through its UD window.
+  if (qp->type == IBV_QPT_UD && (w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
+      Device::instance().port_active())
+    if (auto o = send_ud_through_window(qp, w, local, nlocal)) return *o;
+
   wire::Request req;
   req.src_qpn = qp->qpn();
   req.type = qp->type;
@@ -180,6 +185,7 @@ void start() {
     return qp->recv_cq->channel ? qp->recv_cq->channel->events.write_fd() : -1;
   };
   shm.drain = [](Qp* qp) {
+    if (qp->type == IBV_QPT_UD) return drain_ud(qp, false);  // its UD windows (shm_ud.cpp)
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<QueueMutex> lock(qp->rq_mu);
     drain_window_locked(qp);

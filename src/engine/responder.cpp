@@ -255,6 +255,8 @@ Outcome respond_flush(const wire::Request& req, const Target& tg, const TargetAt
 Outcome respond(const wire::Request& req, Qp* t) {
   // MRs of this process stay registered while we use them (keys before queues, always).
   std::shared_lock keys(MrTable::instance().lock());
+  // A UD QP's windows (shm_ud.cpp) likewise: one sender's datagrams arrive in order.
+  if (t->type == IBV_QPT_UD) drain_ud(t, true);
   if (t->window.load(std::memory_order_acquire)) {
     // What the peer left in the receive window came first: it lands before this request.
     std::lock_guard<QueueMutex> lock(t->rq_mu);

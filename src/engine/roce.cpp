@@ -59,6 +59,16 @@ namespace {
 // BTH + AtomicETH), payload, pad and ICRC.
 constexpr size_t kMaxDatagram = 4096 + 64;
 
+// A CQ fed by a QP on the wire: an empty poll of it receives from the port, and its
+// channel's waiters wait on the port's socket too (get_cq_event).
+void feed_from_wire(Cq* cq) {
+  if (cq->roce_fed.exchange(true)) return;
+  if (CompChannel* ch = cq->channel) {
+    std::lock_guard<std::mutex> lock(ch->cqs_mu);
+    ch->wire_cqs++;
+  }
+}
+
 uint64_t now_ns_steady() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
@@ -539,6 +549,7 @@ struct RoceLink final : packet::Env {
   }
 
   std::optional<packet::RecvWqe> take_receive(std::span<const uint8_t> first) override {
+    if (qp->type == IBV_QPT_UD) feed_from_wire(qp->recv_cq);  // a datagram from the wire
     Srq* srq = xrc_tgt() ? xrc_srq : qp->srq;
     if (xrc_tgt() && !srq) return std::nullopt;
     // An SRQ's receives are not this QP's to flush when it fails.
@@ -897,14 +908,10 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
       link->pq.modify(init, IBV_QP_STATE | IBV_QP_QKEY);
     }
     qp->roce.store(link, std::memory_order_release);
-    for (Cq* cq : {qp->send_cq, qp->recv_cq}) {
-      if (cq->roce_fed.exchange(true)) continue;
-      // Its channel's waiters receive from the wire (get_cq_event).
-      if (CompChannel* ch = cq->channel) {
-        std::lock_guard<std::mutex> lock(ch->cqs_mu);
-        ch->wire_cqs++;
-      }
-    }
+    // A UD QP's CQs only once it meets the wire (roce_post, take_receive): one that talks
+    // to this host alone (shm_ud.cpp) then polls without a system call each time.
+    if (qp->type != IBV_QPT_UD)
+      for (Cq* cq : {qp->send_cq, qp->recv_cq}) feed_from_wire(cq);
   }
   ibv_qp_attr a = attr;
   {
@@ -940,6 +947,10 @@ bool roce_post(Qp* qp, SendWqe& w) {
   const bool multicast = ud && route == wire::Route::Multicast;
   if (multicast ? rw::IpAddress::from_gid(w.sgid.raw).is_loopback() : route != wire::Route::Roce)
     return false;
+  if (ud) {  // on the wire now: its CQs hear from the port too
+    feed_from_wire(qp->send_cq);
+    feed_from_wire(qp->recv_cq);
+  }
   int st = qp->state.load();
   packet::SendWqe p;
   p.wr_id = w.wr_id;

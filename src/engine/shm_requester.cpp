@@ -26,8 +26,6 @@
 
 namespace softverbs::engine {
 
-namespace {
-
 // A wake-up fd from a peer is used only if it is what it should be, an eventfd (see
 // EventQueue), and never blocks us: a full counter makes the write fail and we ask the
 // peer's agent instead.
@@ -41,9 +39,8 @@ bool usable_wake_fd(int fd) {
          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
 }
 
-}  // namespace
-
 void drop_peer_window(Qp* qp) {
+  drop_ud_peers(qp);  // a UD QP's windows, one per destination (shm_ud.cpp)
   wire::PeerWindow& pw = qp->peer_window;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
@@ -206,6 +203,8 @@ char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remot
   return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
 }
 
+}  // namespace
+
 // The payload of a checked WR as iovecs: the application's addresses when inline, else its
 // buffers through their keys (caller holds the key lock). -1: a bad key.
 int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
@@ -329,6 +328,7 @@ bool copy_now(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool send) {
 }  // namespace
 
 bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  if (qp->type == IBV_QPT_UD) return post_ud_now(qp, wr, len);  // shm_ud.cpp
   bool send = wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM;
   if (!send && wr->opcode != IBV_WR_RDMA_WRITE) return false;
   // XRC goes through the target's agent: its XRC SRQ is named per message (verbs/xrc.cpp).

@@ -23,18 +23,30 @@ uint32_t round_up_pow2(uint32_t v) {
   return p;
 }
 
+}  // namespace
+
 // Under cq->inbound_mu, after its list changed: watch the one window's slot, or the doorbell.
 void update_solo_locked(Cq* cq) {
   cq->has_inbound.store(!cq->inbound.empty());
   cq->solo_slots.store(nullptr, std::memory_order_release);
   if (cq->inbound.size() != 1) return;
   Qp* qp = cq->inbound.front();
+  if (qp->type == IBV_QPT_UD) {  // a UD QP with one window (shm_ud.cpp)
+    const wire::WindowSlot* slots = qp->ud_solo_slots.load(std::memory_order_acquire);
+    const std::atomic<uint64_t>* head = qp->ud_solo_head.load(std::memory_order_acquire);
+    if (!slots || !head) return;
+    cq->solo_head.store(head, std::memory_order_release);
+    cq->solo_slots.store(slots, std::memory_order_release);
+    return;
+  }
   wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
   const wire::WindowSlot* slots = qp->window_slots.load(std::memory_order_acquire);
   if (!hdr || !slots) return;
   cq->solo_head.store(&hdr->head, std::memory_order_release);
   cq->solo_slots.store(slots, std::memory_order_release);
 }
+
+namespace {
 
 // Stops the window: the requester sees `live` drop and goes through the agent from now on.
 void kill_window_locked(Qp* t) {
@@ -72,6 +84,7 @@ uint32_t receive_capacity(Qp* t, RecvWqe& r) {
 }
 
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
+  if (t->type == IBV_QPT_UD) return open_ud_window(t, peer_qpn, peer_pid);  // shm_ud.cpp
   wire::Arena* arena = wire::Arena::self();
   if (!arena || t->srq || (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset) return 0;
   {
@@ -274,6 +287,12 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
   std::unique_lock<SpinLock> list(cq->inbound_mu);
   if (cq->inbound.size() != 1) return 0;
   Qp* t = cq->inbound.front();
+  if (t->type == IBV_QPT_UD) {  // its UD windows (shm_ud.cpp), as below
+    std::unique_lock<QueueMutex> ud(t->ud_mu, std::try_to_lock);
+    if (!ud.owns_lock()) return 0;
+    list.unlock();
+    return drain_ud_solo_locked(cq, t, max, wc);
+  }
   // Queues are locked before lists elsewhere: only try, and leave the rest to drain_inbound.
   std::unique_lock<QueueMutex> rq(t->rq_mu, std::try_to_lock);
   if (!rq.owns_lock()) return 0;
@@ -324,6 +343,10 @@ void drain_inbound(Cq* cq) {
   }
   for (size_t i = 0; i < n; ++i) {
     wire::QpRef ref(busy[i], &busy[i]->users);
+    if (busy[i]->type == IBV_QPT_UD) {  // its UD windows (shm_ud.cpp)
+      drain_ud(busy[i], false);
+      continue;
+    }
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<QueueMutex> lock(busy[i]->rq_mu);
     drain_window_locked(busy[i]);
@@ -332,6 +355,7 @@ void drain_inbound(Cq* cq) {
 }
 
 void close_window(Qp* t, bool deliver) {
+  if (t->type == IBV_QPT_UD) return close_ud_windows(t, deliver);  // shm_ud.cpp
   {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<QueueMutex> lock(t->rq_mu);
