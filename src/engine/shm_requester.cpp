@@ -203,8 +203,6 @@ char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t remot
   return wire::peer_mr_span(pw->arena.mr, pw->arena.mr_fd, e.shm + at, len, &pw->mr_known);
 }
 
-}  // namespace
-
 // The payload of a checked WR as iovecs: the application's addresses when inline, else its
 // buffers through their keys (caller holds the key lock). -1: a bad key.
 int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {

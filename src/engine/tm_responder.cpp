@@ -15,7 +15,9 @@
 // Every receive of a TM-SRQ completes in its own CQ. Both paths (same host and RoCE v2)
 // match here: the same-host responder through deliver_tagged, the packet responder through
 // tm_take_receive with the first packet's payload.
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "core/device.hpp"
 #include "core/errors.hpp"
@@ -99,6 +101,17 @@ void take_tm_work_locked(Qp* qp) {
 
 void complete_tm_work(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t byte_len) {
   if (w.tm.kind != TmWork::kRndvRead) return;  // a FIN's fate shows in the QP's state only
+  // The rendezvous' TM_MATCH completion may still be held back by the agent thread that
+  // matched it (defer_completions, until its answer has left): TM_DATA_VALID must not
+  // overtake it. The agent lets go within microseconds; the wait is bounded all the same,
+  // because this thread may hold a lock that agent's next request needs.
+  Cq* cq = tm_cq(qp);
+  if (!completions_deferred()) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (cq->held_back.load(std::memory_order_acquire) != 0 &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+  }
   ibv_wc wc{};
   wc.wr_id = w.tm.recv_wr_id;
   wc.status = status;
@@ -109,7 +122,7 @@ void complete_tm_work(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32_t b
     wc.wc_flags = IBV_WC_TM_DATA_VALID;
     wc.byte_len = byte_len;
   }
-  cq_push(tm_cq(qp), wc, false);
+  cq_push(cq, wc, false);
   if (status != IBV_WC_SUCCESS) return;
   SendWqe fin;
   fin.opcode = IBV_WR_SEND;
