@@ -172,19 +172,7 @@ bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsi
   wire::WindowHeader* hdr = pw->hdr;
   if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
   if (need != IBV_ACCESS_REMOTE_WRITE && hdr->max_dest_rd_atomic == 0) return false;
-  uint32_t index = rkey >> 8;
-  if (index == 0 || index >= wire::kMrTableCap) return false;
-  const wire::MrShared& e = pw->mr_table[index];
-  if (e.key.load(std::memory_order_acquire) != rkey) return false;
-  out->access = e.access;
-  out->pd_token = e.pd_token;
-  out->iova = e.iova;
-  out->length = e.length;
-  out->addr = e.addr;
-  out->shm = e.shm;
-  out->shm_length = e.shm_length;
-  out->qpn = e.qpn;
-  if (e.key.load(std::memory_order_acquire) != rkey) return false;  // changed meanwhile
+  if (!wire::read_mr_entry(pw->mr_table, rkey, out)) return false;
   if (out->pd_token != hdr->pd_token || (out->access & need) != need) return false;
   // A type 2 memory window serves only the QP it is bound to: the peer's end of ours.
   if (out->qpn != 0 && out->qpn != pw->dst_qpn) return false;

@@ -52,19 +52,7 @@ namespace {
 // at its key.
 bool receive_buffer_ok(const wire::PeerWindow* pw, uint32_t lkey, uint64_t addr, uint64_t len,
                        wire::MrShared* out) {
-  uint32_t index = lkey >> 8;
-  if (!pw->mr_table || index == 0 || index >= wire::kMrTableCap) return false;
-  const wire::MrShared& e = pw->mr_table[index];
-  if (e.key.load(std::memory_order_acquire) != lkey) return false;
-  out->access = e.access;
-  out->pd_token = e.pd_token;
-  out->iova = e.iova;
-  out->length = e.length;
-  out->addr = e.addr;
-  out->shm = e.shm;
-  out->shm_length = e.shm_length;
-  out->qpn = e.qpn;
-  if (e.key.load(std::memory_order_acquire) != lkey) return false;  // changed meanwhile
+  if (!wire::read_mr_entry(pw->mr_table, lkey, out)) return false;
   if (out->pd_token != pw->pd_token || !(out->access & IBV_ACCESS_LOCAL_WRITE) || out->qpn != 0)
     return false;
   uint64_t iova = out->iova, length = out->length;

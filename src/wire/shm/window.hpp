@@ -98,6 +98,25 @@ struct MrShared {
 };
 inline constexpr uint32_t kMrTableCap = 1u << 16;
 
+// Copies the entry of `key` out of a peer's table (kMrTableCap entries) into *out: false
+// when the index is out of range, or the entry holds another key before or after the copy
+// (deregistered or reused meanwhile). The fields are the peer's word: check them after.
+inline bool read_mr_entry(const MrShared* table, uint32_t key, MrShared* out) {
+  const uint32_t index = key >> 8;
+  if (!table || index == 0 || index >= kMrTableCap) return false;
+  const MrShared& e = table[index];
+  if (e.key.load(std::memory_order_acquire) != key) return false;
+  out->access = e.access;
+  out->pd_token = e.pd_token;
+  out->iova = e.iova;
+  out->length = e.length;
+  out->addr = e.addr;
+  out->shm = e.shm;
+  out->shm_length = e.shm_length;
+  out->qpn = e.qpn;
+  return e.key.load(std::memory_order_acquire) == key;
+}
+
 // What a CQ shares with requesters in other processes, in its owner's arena.
 struct CqShared {
   std::atomic<int> arm;            // ArmWord; changed only by CAS
