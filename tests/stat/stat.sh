@@ -126,7 +126,10 @@ case $MODE in
     expect "PSNs as set" "($R['qps'][0]['sq_psn'], $R['qps'][0]['rq_psn'], $S['qps'][0]['sq_psn'])" \
       "(1000, 2000, 2000)"
     expect "peer processes" "($R['qps'][0]['peer_pid'], $S['qps'][0]['peer_pid'])" "($sender, $receiver)"
-    expect "peer GID" "$R['qps'][0]['dgid']" "::ffff:127.0.0.1"
+    # stat_target addresses its peer by GID 0: this host's first address (docs/roce.md).
+    gid0=$("$SOFTVERBS" run -- ibv_devinfo -v -d softverbs0 |
+      sed -nE 's/^[[:space:]]*GID\[ *0\]:[[:space:]]+([^,]+), RoCE v2$/\1/p')
+    expect "peer GID" "$R['qps'][0]['dgid']" "$gid0"
     # The sender's third receive is used once it polls; it sleeps in read(2) instead.
     expect "receive queues: 4 posted - 2 used; the sender's 3, one maybe used" \
       "($R['qps'][0]['recv_posted'], $S['qps'][0]['recv_posted'] in (2, 3), $R['qps'][0]['max_recv_wr'])" "(2, True, 8)"
