@@ -27,11 +27,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/qp_state_name.hpp"
 #include "common/stat_segment.hpp"
 
 namespace {
 
 using namespace softverbs::stat;
+using softverbs::qp_state_name;
 
 // ---- a small JSON-like value, printed as JSON or as table cells ---------------------------
 
@@ -292,11 +294,6 @@ struct Target {
 };
 
 // ---- names --------------------------------------------------------------------------------
-
-const char* qp_state_name(int32_t s) {
-  static const char* names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
-  return s >= 0 && s < 7 ? names[s] : nullptr;
-}
 
 const char* qp_type_name(uint32_t t) {
   switch (t) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "check/state.hpp"
+#include "common/qp_state_name.hpp"
 #include "core/core.hpp"
 
 namespace softverbs::check {
@@ -16,16 +17,8 @@ namespace softverbs::check {
 namespace {
 
 const char* state_name(int st) {
-  switch (st) {
-    case IBV_QPS_RESET: return "RESET";
-    case IBV_QPS_INIT: return "INIT";
-    case IBV_QPS_RTR: return "RTR";
-    case IBV_QPS_RTS: return "RTS";
-    case IBV_QPS_SQD: return "SQD";
-    case IBV_QPS_SQE: return "SQE";
-    case IBV_QPS_ERR: return "ERR";
-    default: return "?";
-  }
+  const char* name = qp_state_name(st);
+  return name ? name : "?";
 }
 
 std::string call_text(const char* verb, const void* object, const char* what, uint64_t wr_id) {
