@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
@@ -942,6 +943,42 @@ int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid)
 	}
 	close(sv[1]);
 	return sv[0];
+}
+
+#define SPAWNED_PEER_FLAG "--sv-spawned-peer="
+
+int sv_spawn_peer(pid_t *pid)
+{
+	int sv[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+	char exe[4096], flag[64];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	CHECK(n > 0);
+	exe[n] = '\0';
+	snprintf(flag, sizeof(flag), SPAWNED_PEER_FLAG "%d", sv[1]);
+	posix_spawn_file_actions_t fa;
+	CHECK(posix_spawn_file_actions_init(&fa) == 0);
+	/* dup2 onto itself keeps the fd open across exec (clears FD_CLOEXEC, glibc >= 2.29);
+	 * our end and every other descriptor of ours stay behind. */
+	CHECK(posix_spawn_file_actions_adddup2(&fa, sv[1], sv[1]) == 0);
+	char *argv[] = {exe, flag, NULL};
+	extern char **environ;
+	int err = posix_spawn(pid, exe, &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	CHECKF(err == 0, "posix_spawn(%s) failed: %s", exe, strerror(err));
+	close(sv[1]);
+	return sv[0];
+}
+
+int sv_spawned_peer(int argc, char **argv)
+{
+	if (argc != 2 || strncmp(argv[1], SPAWNED_PEER_FLAG, strlen(SPAWNED_PEER_FLAG)) != 0)
+		return -1;
+	int fd = atoi(argv[1] + strlen(SPAWNED_PEER_FLAG));
+	CHECK(fd > 2 && fcntl(fd, F_GETFD) >= 0);
+	if (sv_peer_on_other_host())
+		enter_peer_host();
+	return fd;
 }
 
 uint32_t sv_trade_qpn(int sock, const struct ibv_qp *qp)

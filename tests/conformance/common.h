@@ -330,6 +330,18 @@ long long sv_now_ms(void);
  * /run/netns/$SV_PEER_NETNS and takes $SV_PEER_STATE_DIR as its SOFTVERBS_STATE_DIR first
  * (tests/hosts/twoproc.sh; needs root). Unset, nothing changes. */
 int sv_fork_peer(void (*peer_main)(int sock), pid_t *pid);
+/* For a peer started once the device is open (a long-lived process with new peers in turn):
+ * runs this test's own binary again, by posix_spawn, as a peer with its end of a socketpair,
+ * and returns ours; the peer's pid in *pid (a child of ours: sv_wait_peer, waitpid work).
+ * Not a fork: a fork while softverbs' threads run copies locks they may hold at that
+ * moment, and GCC 12's ASan allocator has no fork handlers, so the child's new threads
+ * (its agent, its progress thread) then wait forever for an allocator lock. main() must
+ * start with sv_spawned_peer. */
+int sv_spawn_peer(pid_t *pid);
+/* First thing in main() of a test that uses sv_spawn_peer: in a peer it started, the
+ * socket to the parent (the peer has entered the other host, as sv_fork_peer's does);
+ * -1 in the test process itself. */
+int sv_spawned_peer(int argc, char **argv);
 /* 1 if the peers of sv_fork_peer run on another host ($SV_PEER_NETNS): checks of same-host
  * mechanisms (shared pages, agents) are skipped then. */
 int sv_peer_on_other_host(void);

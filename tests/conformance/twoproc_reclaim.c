@@ -2,9 +2,9 @@
  * A long-lived process that talks to many short-lived peers gives back what each one cost
  * it: the peer's memory it mapped (arena, published region, MR memfd) once none of its QPs
  * uses it any more, and the receive window in its own arena once the peer that wrote into
- * it is gone. ROUNDS rounds: fork a peer, connect, SEND both ways (receive windows), RDMA
- * WRITE into the peer's MR (its MR memfd, mapped here), then the peer exits (every other
- * round we SIGKILL it instead), we reap it and destroy our QP. Checked: every message
+ * it is gone. ROUNDS rounds: start a peer (sv_spawn_peer), connect, SEND both ways (receive
+ * windows), RDMA WRITE into the peer's MR (its MR memfd, mapped here), then the peer exits
+ * (every other round we SIGKILL it instead), we reap it and destroy our QP. Checked: every message
  * lands; after the last round we map no more softverbs memfds than after the first; and
  * the resident size of the arenas we map did not grow with the number of peers.
  * (softverbs-specific: reads /proc/self/maps and /proc/self/smaps.)
@@ -101,9 +101,14 @@ static void peer_main(int s)
 	CHECK(read(sock, &eof, 1) == 0); /* until the survivor closes the socket */
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	int peer_sock = sv_spawned_peer(argc, argv);
 	sv_init("twoproc_reclaim");
+	if (peer_sock >= 0) {
+		peer_main(peer_sock);
+		_exit(0); /* as a forked peer ends: its verbs objects go with the process */
+	}
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;
@@ -116,7 +121,8 @@ int main(void)
 	sv_step("%d short-lived peers, one after the other", ROUNDS);
 	for (int round = 0; round < ROUNDS; round++) {
 		pid_t child;
-		sock = sv_fork_peer(peer_main, &child);
+		/* Spawned, not forked: this process's softverbs threads are running. */
+		sock = sv_spawn_peer(&child);
 		struct ibv_qp *qp = sv_create_qp(&dev, &cfg, cq, cq, NULL, NULL);
 		struct sv_remote peer;
 		sv_trade_remote(sock, qp, mr, &peer);
