@@ -334,6 +334,7 @@ struct RoceLink final : packet::Env {
   // The ACK held back (hold_ack), whether our QPN is in g_held, and the last ACK sent.
   std::optional<rw::Packet> held_ack;
   bool held_since_timer = false;  // an ACK was held since the hold timer last ran
+  int64_t held_due = 0;           // when the ACK held now must have left (steady ns)
   // The longest an ACK of this QP is held: hold_max_ns, or an eighth of the QP's local ACK
   // timeout when that is shorter (0: never held).
   int64_t hold_bound_ns = hold_enabled() ? hold_max_ns() : 0;
@@ -405,6 +406,7 @@ struct RoceLink final : packet::Env {
     if (!held_ack) {
       g_roce_held_acks.fetch_add(1, std::memory_order_seq_cst);
       const int64_t due = int64_t(now_ns_steady()) + hold_bound_ns;
+      held_due = due;
       held_since_timer = true;
       std::lock_guard<std::mutex> lock(g_held_mu);
       const uint32_t qpn = qp->qpn();
@@ -1168,11 +1170,18 @@ void roce_poll_result(const Cq* cq, bool found) {
   // Held ACKs wait only while the application has found completions and has the socket:
   // an empty poll means it waits for the peer, which may be waiting for them.
   if (!found || !port().parked()) return flush_held_acks();
-  // Found: the QPs of this CQ hold on, unless the hold timer is overdue (its thread may
-  // not have run yet on a busy CPU); a poll of another CQ is the application moving on.
-  const int64_t due = g_hold_due.load(std::memory_order_relaxed);
-  if (due != 0 && int64_t(now_ns_steady()) >= due) return flush_held_acks();
-  flush_held_acks_but([cq](const HeldEntry& e) { return e.send_cq == cq || e.recv_cq == cq; });
+  // Found: the QPs of this CQ hold on; a poll of another CQ is the application moving on.
+  const auto on_cq = [cq](const HeldEntry& e) { return e.send_cq == cq || e.recv_cq == cq; };
+  const int64_t timer_due = g_hold_due.load(std::memory_order_relaxed);
+  const int64_t now = timer_due != 0 ? int64_t(now_ns_steady()) : 0;
+  if (timer_due == 0 || now < timer_due) return flush_held_acks_but(on_cq);
+  // The hold timer is late (its thread may not have run yet on a busy CPU): what is due
+  // leaves here. Only that: the timer's deadline is often an older hold's.
+  for_held_links([](const HeldEntry&) { return true; }, [&](RoceLink& link) {
+    if (!link.held_ack) return;
+    const HeldEntry e{0, link.qp->send_cq, link.qp->recv_cq};
+    if (!on_cq(e) || link.held_due <= now) link.emit_held_ack();
+  });
 }
 
 void roce_poll_stop() {
