@@ -199,18 +199,55 @@ rw::Port& port() {
 // polls its CQ receives its QPs' packets itself; a plain ACK for what it received then
 // waits for the QP's next packet to the same peer (its next SEND, in a ping-pong), to leave
 // in the same UDP GSO send: one datagram's way through the kernel for both. IBA lets a
-// responder coalesce ACKs; what bounds the wait is below.
+// responder coalesce ACKs; a NIC does so for microseconds. What bounds the wait here: the
+// application's next call that is not a poll of the QP's CQs or a post to it
+// (roce_flush_held), and the hold timer (kHoldTimerId), at most hold_bound_ns after the
+// first ACK held.
 thread_local bool t_app_receive = false;  // this thread is in roce_poll
 // A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
 constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
 // Held back at most this many PSNs past the last ACK that left (the requester may have at
 // most packet::kMaxUnackedPsns outstanding): a stream of messages keeps its window open.
 constexpr int32_t kHoldAckPsns = 32;
+// The port timer that sends every held ACK (engine's own id: the port's have the top bit,
+// QPs' are their QPNs).
+constexpr uint64_t kHoldTimerId = uint64_t{1} << 61;
+// SOFTVERBS_ACK_HOLD=0 turns holding off.
+bool hold_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SOFTVERBS_ACK_HOLD");
+    return !(v && *v == '0');
+  }();
+  return on;
+}
+// The longest an ACK is held: SOFTVERBS_ACK_HOLD_US (default 100 µs). A QP's own local ACK
+// timeout shortens it (hold_bound_ns): its peer's is likely alike.
+int64_t hold_max_ns() {
+  static const int64_t ns = [] {
+    const char* v = std::getenv("SOFTVERBS_ACK_HOLD_US");
+    const long us = v && *v ? std::atol(v) : 100;
+    return int64_t(std::clamp(us, 0L, 100000L)) * 1000;
+  }();
+  return ns;
+}
+// The QPs that hold (or held) an ACK, with their CQs (compared, never dereferenced: a poll
+// of one of them keeps the hold), and the hold timer's deadline (0: not pending).
+struct HeldEntry {
+  uint32_t qpn;
+  const void* send_cq;
+  const void* recv_cq;
+};
 std::mutex g_held_mu;
-std::vector<uint32_t>* g_held = new std::vector<uint32_t>;  // QPNs; immortal (port thread)
-std::atomic<int> g_held_count{0};                          // links holding an ACK now
+std::vector<HeldEntry>* g_held = new std::vector<HeldEntry>;  // immortal (port thread)
+// When the hold timer fires (steady ns; 0: not pending). Set under g_held_mu; read by the
+// polling thread too, which sends what is held once it passed (a loaded CPU may run the
+// port's thread late).
+std::atomic<int64_t> g_hold_due{0};
 
 }  // namespace
+
+// Links holding an ACK now (roce.hpp's roce_flush_held reads it).
+std::atomic<int> g_roce_held_acks{0};
 
 // SOFTVERBS_TRACE: every RoCE v2 datagram this process sends or receives, as a pcap file.
 // The process whose pid is SOFTVERBS_TRACE_OWNER (the one the wrapper exec'ed) writes FILE,
@@ -296,7 +333,11 @@ struct RoceLink final : packet::Env {
   uint64_t posted = 0;
   // The ACK held back (hold_ack), whether our QPN is in g_held, and the last ACK sent.
   std::optional<rw::Packet> held_ack;
-  bool held_listed = false;
+  bool held_since_timer = false;  // an ACK was held since the hold timer last ran
+  int64_t held_due = 0;           // when the ACK held now must have left (steady ns)
+  // The longest an ACK of this QP is held: hold_max_ns, or an eighth of the QP's local ACK
+  // timeout when that is shorter (0: never held).
+  int64_t hold_bound_ns = hold_enabled() ? hold_max_ns() : 0;
   bool acked_any = false;
   uint32_t acked_psn = 0;
   // Tag matching (engine/tm_responder.cpp): the receive being filled, as matched
@@ -349,12 +390,13 @@ struct RoceLink final : packet::Env {
   }
 
   // Holds a plain ACK back when an application thread received its request while it has
-  // the socket (parked: the port's recheck then runs, at most SOFTVERBS_POLL_PARK apart,
-  // and sends what is held), unless the requester may be running out of window. It leaves
-  // with the QP's next packet (sync_error), or at the application's next empty poll, its
-  // sleep, the socket's return to the port's thread, the recheck (flush_held_acks).
+  // the socket (parked), unless the requester may be running out of window. It leaves
+  // with the QP's next packet (sync_error), or at the application's next call that is not
+  // a poll of this QP's CQs or a post to it (roce_flush_held, roce_poll_result), the
+  // socket's return to the port's thread, or the hold timer, at most hold_bound_ns after
+  // the first ACK held.
   bool hold_ack(const rw::Packet& pkt) {
-    if (!t_app_receive || !port().parked()) return false;
+    if (!t_app_receive || !port().parked() || hold_bound_ns <= 0) return false;
     const uint32_t psn = pkt.psn & packet::kPsnMask;
     if (!acked_any) {
       acked_any = true;
@@ -362,11 +404,19 @@ struct RoceLink final : packet::Env {
     }
     if (packet::psn_diff(psn, acked_psn) >= kHoldAckPsns) return false;
     if (!held_ack) {
-      g_held_count.fetch_add(1, std::memory_order_seq_cst);
-      if (!held_listed) {
-        held_listed = true;
-        std::lock_guard<std::mutex> lock(g_held_mu);
-        g_held->push_back(qp->qpn());
+      g_roce_held_acks.fetch_add(1, std::memory_order_seq_cst);
+      const int64_t due = int64_t(now_ns_steady()) + hold_bound_ns;
+      held_due = due;
+      held_since_timer = true;
+      std::lock_guard<std::mutex> lock(g_held_mu);
+      const uint32_t qpn = qp->qpn();
+      if (std::none_of(g_held->begin(), g_held->end(), [qpn](const HeldEntry& e) { return e.qpn == qpn; }))
+        g_held->push_back({qpn, qp->send_cq, qp->recv_cq});
+      // One timer for all: moved earlier when this ACK is due first.
+      const int64_t pending = g_hold_due.load(std::memory_order_relaxed);
+      if (pending == 0 || due < pending) {
+        g_hold_due.store(due, std::memory_order_relaxed);
+        port().schedule(kHoldTimerId, rw::Port::Clock::time_point(std::chrono::nanoseconds(due)));
       }
     }
     held_ack = pkt;
@@ -377,7 +427,7 @@ struct RoceLink final : packet::Env {
   void drop_held_ack() {
     if (!held_ack) return;
     held_ack.reset();
-    g_held_count.fetch_sub(1, std::memory_order_seq_cst);
+    g_roce_held_acks.fetch_sub(1, std::memory_order_seq_cst);
   }
   void emit_held_ack() {
     if (!held_ack) return;
@@ -693,13 +743,16 @@ struct RoceLink final : packet::Env {
 
 namespace {
 
-// Sends every ACK held back (RoceLink::hold_ack).
-void flush_held_acks() {
-  if (g_held_count.load(std::memory_order_seq_cst) == 0) return;
-  std::vector<uint32_t> qpns;
+// Runs `fn` on the link of each QP in g_held that `pick` picks (link mu held), then sends
+// what it produced.
+template <typename Pick, typename Fn>
+void for_held_links(Pick pick, Fn fn) {
+  thread_local std::vector<uint32_t> qpns;  // the port's thread and pollers: no allocation
+  qpns.clear();
   {
     std::lock_guard<std::mutex> lock(g_held_mu);
-    qpns.swap(*g_held);
+    for (const HeldEntry& e : *g_held)
+      if (pick(e)) qpns.push_back(e.qpn);
   }
   for (uint32_t qpn : qpns) {
     wire::QpRef qp = wire::find_local(qpn);
@@ -707,10 +760,45 @@ void flush_held_acks() {
     RoceLink* link = qp->roce.load(std::memory_order_acquire);
     if (!link) continue;
     std::lock_guard<std::mutex> lock(link->mu);
-    link->held_listed = false;
-    link->emit_held_ack();
+    fn(*link);
     RoceLink::flush();
   }
+}
+
+// Sends every ACK held back (RoceLink::hold_ack), but those of QPs `keep` keeps.
+template <typename Keep>
+void flush_held_acks_but(Keep keep) {
+  if (g_roce_held_acks.load(std::memory_order_seq_cst) == 0) return;
+  for_held_links([&](const HeldEntry& e) { return !keep(e); },
+                 [](RoceLink& link) { link.emit_held_ack(); });
+}
+void flush_held_acks() {
+  flush_held_acks_but([](const HeldEntry&) { return false; });
+}
+
+// The hold timer (port's thread): every held ACK leaves. While QPs keep holding it runs
+// every hold_max_ns (a ping-pong's ACKs ride with its SENDs, and then it finds nothing),
+// so that their holds need no timer call of their own; a QP that held nothing since the
+// last run is taken off the list, and the timer stops with the list empty.
+void on_hold_timer() {
+  {
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    g_hold_due.store(0, std::memory_order_relaxed);
+  }
+  thread_local std::vector<uint32_t> idle;
+  idle.clear();
+  for_held_links([](const HeldEntry&) { return true; }, [](RoceLink& link) {
+    link.emit_held_ack();
+    if (!std::exchange(link.held_since_timer, false)) idle.push_back(link.qp->qpn());
+  });
+  std::lock_guard<std::mutex> lock(g_held_mu);
+  std::erase_if(*g_held, [](const HeldEntry& e) {
+    return std::find(idle.begin(), idle.end(), e.qpn) != idle.end();
+  });
+  if (g_held->empty() || g_hold_due.load(std::memory_order_relaxed) != 0) return;
+  const int64_t due = int64_t(now_ns_steady()) + hold_max_ns();
+  g_hold_due.store(due, std::memory_order_relaxed);
+  port().schedule(kHoldTimerId, rw::Port::Clock::time_point(std::chrono::nanoseconds(due)));
 }
 
 // Multicast groups this process's QPs are attached to (roce_attach_mcast): by group
@@ -893,6 +981,7 @@ void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
 
 void on_timer(uint64_t qpn) {
   if (qpn == rw::Port::kRecheckTimerId) return flush_held_acks();
+  if (qpn == kHoldTimerId) return on_hold_timer();
   wire::QpRef qp = wire::find_local(static_cast<uint32_t>(qpn));
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
@@ -963,6 +1052,12 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
     }
   }
   std::lock_guard<std::mutex> lock(link->mu);
+  if ((mask & IBV_QP_TIMEOUT) && a.timeout && hold_enabled()) {
+    // An eighth of the QP's local ACK timeout (4.096 µs x 2^timeout): its peer's is likely
+    // alike, and a held ACK must not make that peer resend.
+    const int64_t rto_ns = int64_t(4096) << std::min<int>(a.timeout, 31);
+    link->hold_bound_ns = std::min(hold_max_ns(), rto_ns / 8);
+  }
   if ((mask & IBV_QP_STATE) && a.qp_state == IBV_QPS_SQD)
     link->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && a.en_sqd_async_notify;
   link->pq.modify(a, mask);
@@ -1052,13 +1147,7 @@ bool roce_post(Qp* qp, SendWqe& w) {
 }
 
 bool roce_poll(bool hold_acks) {
-  // Off unless asked for: with it on, perftest -R pairs between hosts run at -j2 got their
-  // data connection rejected (no listener yet) in about half the runs; cause not found.
-  static const bool hold_on = [] {
-    const char* v = std::getenv("SOFTVERBS_ACK_HOLD");
-    return v && *v == '1';
-  }();
-  t_app_receive = hold_acks && hold_on;
+  t_app_receive = hold_acks && hold_enabled();
   const int n = port().poll();
   t_app_receive = false;
   return n > 0;
@@ -1074,17 +1163,35 @@ void roce_wait_end() {
   if (!port().parked()) flush_held_acks();
 }
 
-void roce_poll_result(bool found) {
+void roce_poll_result(const Cq* cq, bool found) {
   if (found) port().poll_found();
   else port().poll_idle();
+  if (g_roce_held_acks.load(std::memory_order_seq_cst) == 0) return;
   // Held ACKs wait only while the application has found completions and has the socket:
   // an empty poll means it waits for the peer, which may be waiting for them.
-  if (!found || !port().parked()) flush_held_acks();
+  if (!found || !port().parked()) return flush_held_acks();
+  // Found: the QPs of this CQ hold on; a poll of another CQ is the application moving on.
+  const auto on_cq = [cq](const HeldEntry& e) { return e.send_cq == cq || e.recv_cq == cq; };
+  const int64_t timer_due = g_hold_due.load(std::memory_order_relaxed);
+  const int64_t now = timer_due != 0 ? int64_t(now_ns_steady()) : 0;
+  if (timer_due == 0 || now < timer_due) return flush_held_acks_but(on_cq);
+  // The hold timer is late (its thread may not have run yet on a busy CPU): what is due
+  // leaves here. Only that: the timer's deadline is often an older hold's.
+  for_held_links([](const HeldEntry&) { return true; }, [&](RoceLink& link) {
+    if (!link.held_ack) return;
+    const HeldEntry e{0, link.qp->send_cq, link.qp->recv_cq};
+    if (!on_cq(e) || link.held_due <= now) link.emit_held_ack();
+  });
 }
 
 void roce_poll_stop() {
   port().poll_stop();
   flush_held_acks();
+}
+
+void roce_flush_held_slow(const Qp* except) {
+  const uint32_t qpn = except ? except->qpn() : 0;
+  flush_held_acks_but([except, qpn](const HeldEntry& e) { return except && e.qpn == qpn; });
 }
 
 size_t roce_in_flight(Qp* qp) {
@@ -1168,6 +1275,11 @@ void roce_destroy(Qp* qp) {
     std::lock_guard<std::mutex> lock(link->mu);
     link->emit_held_ack();
     RoceLink::flush();
+  }
+  {
+    const uint32_t qpn = qp->qpn();
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    std::erase_if(*g_held, [qpn](const HeldEntry& e) { return e.qpn == qpn; });
   }
   port().cancel(qp->qpn());
   if (link->port_held) port().release();

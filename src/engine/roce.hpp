@@ -6,6 +6,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstddef>
 
 #include "core/objects.hpp"
@@ -36,9 +37,19 @@ size_t roce_in_flight(Qp* qp);
 // what it receives may wait for the QP's next packet (a polling loop, which says what it
 // found with roce_poll_result); false for a thread that may sleep next (events).
 bool roce_poll(bool hold_acks = true);
-// What such a poll returned: nothing (found=false: the application waits on the CQ), or
-// completions. Decides whether the port's thread or the application receives (Port).
-void roce_poll_result(bool found);
+// What such a poll of `cq` returned: nothing (found=false: the application waits on the
+// CQ), or completions. Decides whether the port's thread or the application receives
+// (Port), and which held ACKs leave (all after an empty poll; those of QPs not on `cq`).
+void roce_poll_result(const Cq* cq, bool found);
+// ACKs a polling application holds back for its QPs' next packets (docs/roce.md, "ACKs
+// held back"). Any call of the application other than a poll of the QP's CQs or a post to
+// it sends them: roce_flush_held(qp) the others', roce_flush_held() all. A relaxed load
+// when nothing is held.
+extern std::atomic<int> g_roce_held_acks;
+void roce_flush_held_slow(const Qp* except);
+inline void roce_flush_held(const Qp* except = nullptr) {
+  if (g_roce_held_acks.load(std::memory_order_relaxed) != 0) roce_flush_held_slow(except);
+}
 // For a thread about to sleep in ibv_get_cq_event on a channel of such CQs: the port's
 // socket to sleep on too (-1: none open), and the calls around that sleep (Port::wait_*).
 int roce_wait_fd();

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "verbs/control.hpp"
 #include "core/device.hpp"
 #include "verbs/verbs.hpp"
@@ -162,6 +163,7 @@ int close_context(Context* ctx) {
 }
 
 int get_async_event(Context* ctx, ibv_async_event* ev) {
+  engine::roce_flush_held();  // may sleep: no ACK waits for this thread
   return ctx->async_queue.wait_pop(ev, [](ibv_async_event& e) {
     AckTarget t = ack_target(&e);
     if (!t.mutex) return;

@@ -213,7 +213,8 @@ uint64_t take_wire(Cq* cq, bool want) {
   const bool roce = want && cq->roce_fed.load(std::memory_order_relaxed);
   if (roce && tail == cq->head.load(std::memory_order_relaxed) && engine::roce_poll())
     tail = cq->tail.load(std::memory_order_acquire);  // packets from the wire, received here
-  if (roce) engine::roce_poll_result(tail != cq->head.load(std::memory_order_relaxed));
+  if (roce) engine::roce_poll_result(cq, tail != cq->head.load(std::memory_order_relaxed));
+  else engine::roce_flush_held();  // not a CQ of the wire: the application moved on
   return tail;
 }
 
@@ -244,6 +245,7 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
 int req_notify_cq(Cq* cq, int solicited_only) {
   // About to sleep until an event: the port's thread must receive the wire's packets again.
   if (cq->roce_fed.load(std::memory_order_relaxed)) engine::roce_poll_stop();
+  else engine::roce_flush_held();
   std::lock_guard<SpinLock> lock(cq->produce_mu);
   if (cq->in_error.load()) return EINVAL;
   int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
@@ -259,6 +261,7 @@ int req_notify_cq(Cq* cq, int solicited_only) {
 
 
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
+  engine::roce_flush_held();  // may sleep: no ACK waits for this thread
   Cq* cq = nullptr;
   auto deliver = [](Cq* c) {
     pthread_mutex_lock(&c->cq()->mutex);

@@ -438,6 +438,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
 }
 
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
+  engine::roce_flush_held();  // held ACKs never wait behind another verb (docs/roce.md)
   if (qp->xrc_remote_slot) return modify_remote_tgt(qp, attr, mask);
   if (Qp* tgt = qp->xrc_opened_from) {  // an opened TGT QP handle: the QP itself
     int err = modify_qp(tgt, attr, mask);
@@ -564,6 +565,7 @@ int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid) {
 bool claim_gsi(Qp* qp) { return engine::roce_claim_gsi(qp); }
 
 int destroy_qp(Qp* qp) {
+  engine::roce_flush_held();
   if (qp->xrc_remote_slot) {
     destroy_remote_tgt(qp);
     return 0;
@@ -645,6 +647,7 @@ int post_checked_locked(Qp* qp, const ibv_send_wr* wr, uint64_t total, int st, c
 }  // namespace
 
 int post_wqe(Qp* qp, SendWqe&& w) {
+  engine::roce_flush_held(qp);  // another QP's held ACKs leave first; this one's ride along
   std::lock_guard<QueueMutex> lock(qp->sq_mu);
   int st = qp->state.load();
   if (int err = send_state_error(st)) return err;
@@ -656,6 +659,7 @@ int post_wqe(Qp* qp, SendWqe&& w) {
 }
 
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  engine::roce_flush_held(qp);  // another QP's held ACKs leave first; this one's ride along
   std::lock_guard<QueueMutex> lock(qp->sq_mu);
   int err = 0;
   for (; wr; wr = wr->next) {
@@ -676,6 +680,7 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 }
 
 int post_send_batch(Qp* qp) {
+  engine::roce_flush_held(qp);
   ExBatch& b = qp->ex;
   if (!b.open) return EINVAL;
   std::lock_guard<QueueMutex> lock(qp->sq_mu);

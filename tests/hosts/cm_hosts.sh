@@ -269,6 +269,18 @@ case $case_name in
     check "client printed a result line" "side_has cli '^ *[0-9]+ +[0-9]+ +[0-9.]+'"
     # The GIDs perftest prints are those of its -x index (by default the first IPv4 GID, the
     # veth's), not the ones rdma_cm resolved: the trace below is what shows the path.
+    # Its data connection's REQ must not overtake the ACK of the server's last parameter
+    # SEND (docs/roce.md, "ACKs held back"): in the client's trace, every RC request from B
+    # before A's second REQ is acknowledged by A before it.
+    if command -v tshark >/dev/null; then
+      unacked=$(tshark -r "$pcap" -T fields -e ip.src -e infiniband.bth.opcode -e infiniband.mad.attributeid 2>/dev/null |
+        awk -v a="$HOST_A_IP4" -v b="$b" '
+          $1 == b && $2 < 64 && $2 != 17 { pending = 1 }
+          $1 == a && $2 == 17 { pending = 0 }
+          $1 == a && $3 == "0x0010" && ++reqs == 2 { print pending; exit }')
+      check "the data connection's REQ left after the ACK of B's last SEND (${unacked:-no second REQ})" \
+        '[[ $unacked == 0 ]]'
+    fi
     ;;
   rpma)
     check "server exited 0" '((srv_rc == 0))'

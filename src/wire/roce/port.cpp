@@ -615,7 +615,9 @@ void Port::handle_timers() {
       timer_when_.erase(due.back());
       timer_queue_.erase(timer_queue_.begin());
     }
-    arm_timerfd();
+    // Set after the handlers, which often schedule what is due next (a periodic timer):
+    // one timerfd_settime instead of two. Meanwhile a schedule() from any thread sets it.
+    if (due.empty()) arm_timerfd();
   }
   for (uint64_t id : due) {
     if (id == kRoundRetry) start_round();
@@ -623,6 +625,9 @@ void Port::handle_timers() {
     else if (id == kGroupRecheck) recheck_parked();
     else if (on_timer_) on_timer_(id);
   }
+  if (due.empty()) return;
+  std::lock_guard<std::mutex> lock(timer_mu_);
+  arm_timerfd();
 }
 
 // ---- the thread --------------------------------------------------------------------------
