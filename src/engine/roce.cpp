@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/cm_port_name.hpp"
+#include "core/check_hooks.hpp"
 #include "core/core.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
@@ -516,6 +517,10 @@ struct RoceLink final : packet::Env {
     if ((qp_access & need) != need) return false;  // the QP's flush access too (as rxe)
     if (!access_pd()) return false;
     return flush_memory(access_pd(), rkey, va, len, type, level);
+  }
+
+  void rnr_nak_taken() override {
+    if (check_hooks::rnr_wait) check_hooks::rnr_wait(qp);
   }
 
   bool invalidate_rkey(uint32_t rkey) override {

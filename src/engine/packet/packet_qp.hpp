@@ -192,6 +192,9 @@ class Env {
   // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
   // when it cannot (the receive fails, IBA class J). By default nothing can be.
   virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
+  // An RNR NAK this QP's requester took (it waits, then sends again or gives up): for
+  // `softverbs check`'s count of RNR waits. Nothing by default.
+  virtual void rnr_nak_taken() {}
   // XRC TGT: the request being handled names XRC SRQ `srqn` (XRCETH); when it is here,
   // take_receive, resolve_rkey, flush and receive completions use it from now on.
   virtual XrcSrqPlace select_xrc_srq(uint32_t /*srqn*/) { return XrcSrqPlace::kNone; }
