@@ -694,6 +694,8 @@ __attribute__((noinline)) void mistake_peer_rkey(void)
 {
 	pid_t pid;
 	int sock = sv_fork_peer(peer_rkey_main, &pid);
+	/* All kept to the end: reports are once per QP, and a new QP may reuse a freed address. */
+	struct sv_one_qp rs[PEER_ROUNDS];
 	for (int round = 0; round < PEER_ROUNDS; round++) {
 		struct sv_one_qp r;
 		sv_one_qp_open(&r, NULL, 64, 4096);
@@ -718,8 +720,10 @@ __attribute__((noinline)) void mistake_peer_rkey(void)
 		sv_poll_one(r.cq, &wc);
 		CHECK_STATUS(wc, IBV_WC_REM_ACCESS_ERR);
 		sv_say(sock, 2);
-		sv_one_qp_close(&r);
+		rs[round] = r;
 	}
+	for (int round = 0; round < PEER_ROUNDS; round++)
+		sv_one_qp_close(&rs[round]);
 	sv_wait_peer(pid, "peer");
 	close(sock);
 }
