@@ -276,6 +276,9 @@ struct RoceLink final : packet::Env {
     if (q->type == IBV_QPT_XRC_RECV) pq.set_xrc(packet::XrcRole::kTgt);
   }
 
+  ~RoceLink() override { magic = 0; }
+
+  uint32_t magic = kRoceLinkMagic;  // for `softverbs stat` (roce_stat_view)
   Qp* qp;
   std::mutex mu;
   packet::PacketQp pq;
@@ -1090,6 +1093,23 @@ void roce_poll_result(bool found) {
 void roce_poll_stop() {
   port().poll_stop();
   flush_held_acks();
+}
+
+bool roce_stat_view(Qp* qp, RoceStatView* view) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return false;
+  auto at = [link](const void* field) {
+    return static_cast<uint32_t>(static_cast<const char*>(field) - reinterpret_cast<const char*>(link));
+  };
+  view->object = link;
+  view->size = sizeof(RoceLink);
+  view->magic_offset = at(&link->magic);
+  view->magic = kRoceLinkMagic;
+  view->next_psn = at(link->pq.next_psn_address());
+  view->expected_psn = at(link->pq.expected_psn_address());
+  view->send_queue = at(link->pq.send_queue_address());
+  view->send_entry_size = static_cast<uint32_t>(packet::PacketQp::send_entry_size());
+  return true;
 }
 
 size_t roce_in_flight(Qp* qp) {

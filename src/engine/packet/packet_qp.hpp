@@ -246,6 +246,11 @@ class PacketQp {
   uint32_t next_send_psn() const { return next_psn_; }
   uint32_t expected_psn() const { return epsn_; }
   size_t send_queue_depth() const { return sq_.size(); }
+  // Where `softverbs stat` reads the live PSNs and the send queue (verbs/stat_publish.cpp).
+  const void* next_psn_address() const { return &next_psn_; }
+  const void* expected_psn_address() const { return &epsn_; }
+  const void* send_queue_address() const { return &sq_; }
+  static size_t send_entry_size();
 
  private:
   // A send WQE while the send queue holds it: its PSN range and progress.
