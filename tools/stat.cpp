@@ -627,7 +627,7 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         Val peer = Val::none();
         if (q.peer_pid > 0) {
           peer = Val::signed_number(q.peer_pid);
-        } else if (q.dest_qp_num && q.type != 4) {
+        } else if (q.dest_qp_num && q.type != 4 && !links.count(r.handle)) {  // not on another host
           uint32_t slot = q.dest_qp_num >> 14;
           if (slot < registry.size() && registry[slot] == pid) peer = Val::signed_number(pid);
         }
