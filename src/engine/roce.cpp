@@ -322,6 +322,7 @@ struct RoceLink final : packet::Env {
       // `softverbs inject drop|dup` on a QP of the wire: this datagram lost, or sent twice
       // (the peer's transport sees what a lossy network would give it).
       if (take_one(qp->debug.wire_drop)) {
+        trace_dropped(pkt, payload);
         if (qp->type == IBV_QPT_UD && !ud_dest.empty()) ud_dest.pop_front();
         return;
       }
@@ -334,6 +335,34 @@ struct RoceLink final : packet::Env {
       }
     }
     send_datagram(pkt, payload);
+  }
+
+  // A datagram `softverbs inject drop` loses on the wire: the sender's trace still has it,
+  // as a capture at a NIC's port would (the loss comes after the port).
+  void trace_dropped(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
+    rw::PcapWriter* t = trace();
+    if (!t) return;
+    ibv_gid s = sgid, d = dgid;
+    if (qp->type == IBV_QPT_UD) {
+      if (ud_dest.empty()) return;
+      s = ud_dest.front().sgid;
+      d = ud_dest.front().dgid;
+    }
+    std::vector<uint8_t> buf(kMaxDatagram);
+    const size_t header = rw::encode_headers(pkt, pkt.payload_len, buf.data(), buf.size());
+    const uint8_t pad = rw::pad_bytes(pkt.payload_len);
+    const size_t off = header + pkt.payload_len + pad + rw::kIcrcBytes;
+    if (!header || off > buf.size()) return;
+    size_t at = header;
+    for (const packet::Iov& v : payload) {
+      if (at + v.len > header + pkt.payload_len) return;
+      std::memcpy(buf.data() + at, v.addr, v.len);
+      at += v.len;
+    }
+    std::memset(buf.data() + at, 0, off - at);
+    rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(qp->qpn()));
+    rw::icrc_fill(ctx, buf.data(), off);
+    t->write(ctx, buf.data(), off);
   }
 
   void send_datagram(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
