@@ -50,7 +50,6 @@ enum Magic : uint32_t {
   kTdMagic = 0x53565444,
   kMwMagic = 0x5356574d,
   kXrcdMagic = 0x53565844,
-  kRoceLinkMagic = 0x5356524c,  // "SVRL": engine/roce.cpp's RoceLink
   kDead = 0xdeaddead,
 };
 

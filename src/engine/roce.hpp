@@ -34,6 +34,7 @@ size_t roce_in_flight(Qp* qp);
 // Where `softverbs stat` reads a QP's RoCE v2 link live (common/stat_segment.hpp's RoceHot):
 // the link object, its tag, and the offsets in it of its PSNs and send queue. False: the
 // QP has no link. Its tag reads kRoceLinkMagic while the link lives.
+inline constexpr uint32_t kRoceLinkMagic = 0x5356524c;  // "SVRL"
 struct RoceStatView {
   const void* object = nullptr;
   uint32_t size = 0, magic_offset = 0, magic = 0;
