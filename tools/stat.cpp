@@ -213,6 +213,28 @@ bool peek(pid_t pid, uint64_t addr, void* out, size_t n) {
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(n);
 }
 
+// Messages waiting in a QP's receive window for the next poll to take: slot n % count
+// holds message n once its first word reads n + 1 (src/wire/shm/window.hpp). One read of
+// every slot's first word; nullopt when the window cannot be read or makes no sense.
+std::optional<uint64_t> window_waiting(pid_t pid, uint64_t slots, uint64_t head, uint32_t count,
+                                       uint32_t slot_size) {
+  if (slots == 0) return 0;
+  if (count == 0 || count > 1024 || slot_size < 8 || slot_size > (1u << 20)) return std::nullopt;
+  std::vector<uint64_t> seq(count);
+  std::vector<iovec> local(count), remote(count);
+  for (uint32_t k = 0; k < count; ++k) {
+    uint64_t at = slots + uint64_t{(head + k) % count} * slot_size;
+    local[k] = {&seq[k], 8};
+    remote[k] = {reinterpret_cast<void*>(at), 8};
+  }
+  if (process_vm_readv(pid, local.data(), count, remote.data(), count, 0) !=
+      static_cast<ssize_t>(8 * uint64_t{count}))
+    return std::nullopt;
+  uint64_t waiting = 0;
+  while (waiting < count && seq[waiting] == head + waiting + 1) ++waiting;
+  return waiting;
+}
+
 // The count of eventfd `fd` of `pid` (/proc/PID/fdinfo: it reads without the process).
 std::optional<uint64_t> eventfd_count(pid_t pid, int fd) {
   if (fd < 0) return std::nullopt;
@@ -481,11 +503,26 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
 
   Val contexts = Val::array(), pds = Val::array(), mrs = Val::array(), cqs = Val::array(),
       channels = Val::array(), qps = Val::array(), srqs = Val::array(), mws = Val::array(),
-      ahs = Val::array(), xrcds = Val::array(), dms = Val::array();
+      ahs = Val::array(), xrcds = Val::array(), dms = Val::array(), tds = Val::array();
   // Our MR objects -> their handles: a window's binding names the object.
   std::map<uint64_t, uint64_t> mr_handles;
   for (const Record& r : seg.records)
     if (r.kind == kMr) mr_handles[r.object] = r.handle;
+  // QP handles -> their RoCE v2 link's record (live PSNs, WQEs in flight); receive CQ
+  // handles -> messages waiting in their QPs' receive windows (part of what a poll returns).
+  std::map<uint64_t, const Record*> links;
+  std::map<uint64_t, std::optional<uint64_t>> window_messages;
+  for (const Record& r : seg.records) {
+    if (r.kind == kRoce) links[r.u.roce.qp] = &r;
+    if (r.kind != kQp || !r.u.qp.recv_cq || r.u.qp.srq) continue;
+    Target t{pid, same && readable, &r};
+    t.check();
+    auto slots = t.get<uint64_t>(kQpWindowSlots), head = t.get<uint64_t>(kQpWindowHead);
+    std::optional<uint64_t> n;
+    if (slots && head) n = window_waiting(pid, *slots, *head, r.u.qp.window_slots, r.u.qp.window_slot_size);
+    auto& sum = window_messages.try_emplace(r.u.qp.recv_cq, 0).first->second;
+    sum = sum && n ? std::optional<uint64_t>(*sum + *n) : std::nullopt;
+  }
   for (const Record& r : seg.records) {
     if (r.kind == kFree || r.kind >= kKinds) continue;
     Target t{pid, same && readable, &r};
@@ -505,6 +542,7 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
       case kPd:
         o.set("pd_handle", Val::number(r.u.pd.handle));
         o.set("parent_domain", Val::boolean(r.u.pd.parent_domain != 0));
+        o.set("imported", Val::boolean(r.u.pd.imported != 0));
         pds.items.push_back(std::move(o));
         break;
       case kMr: {
@@ -516,6 +554,7 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         o.set("lkey", Val::number(m.lkey, true));
         o.set("rkey", Val::number(m.rkey, true));
         o.set("access", Val::string(access_names(m.access)));
+        o.set("imported", Val::boolean(m.imported != 0));
         mrs.items.push_back(std::move(o));
         break;
       }
@@ -525,8 +564,12 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
              cap = t.get<uint64_t>(kCqCapacity);
         std::optional<uint64_t> waiting;
         if (head && tail && *tail >= *head && (!cap || *tail - *head <= *cap + 1)) waiting = *tail - *head;
+        // Messages still in its QPs' receive windows are completions the next poll makes.
+        std::optional<uint64_t> in_windows = 0;
+        if (auto it = window_messages.find(r.handle); it != window_messages.end()) in_windows = it->second;
         o.set("cqe", Val::maybe(cap));
-        o.set("entries", Val::maybe(waiting));
+        o.set("entries", waiting && in_windows ? Val::number(*waiting + *in_windows) : Val{});
+        o.set("entries_in_windows", Val::maybe(in_windows));
         auto armed = t.get<int32_t>(kCqArmed);
         const char* arm = armed ? arm_name(*armed) : nullptr;
         o.set("armed", arm ? Val::string(arm) : Val{});
@@ -563,8 +606,20 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         const char* state = st ? qp_state_name(*st) : nullptr;
         o.set("state", state ? Val::string(state) : Val{});
         o.set("port", Val::number(q.port));
-        o.set("sq_psn", Val::number(q.sq_psn));
-        o.set("rq_psn", Val::number(q.rq_psn));
+        // On RoCE v2 the link's PSNs, live; else those ibv_modify_qp set last.
+        std::optional<uint64_t> in_flight = 0;
+        if (auto it = links.find(r.handle); it != links.end()) {
+          Target link{pid, same && readable, it->second};
+          link.check();
+          o.set("sq_psn", Val::maybe(link.get<uint32_t>(kRoceNextPsn)));
+          o.set("rq_psn", Val::maybe(link.get<uint32_t>(kRoceExpectedPsn)));
+          o.set("psn_source", Val::string("roce_link"));
+          in_flight = link.deque_size(kRoceSendQueue);
+        } else {
+          o.set("sq_psn", Val::number(q.sq_psn));
+          o.set("rq_psn", Val::number(q.rq_psn));
+          o.set("psn_source", Val::string("modify_qp"));
+        }
         o.set("dest_qp_num", Val::number(q.dest_qp_num));
         o.set("dgid", Val::string(gid_text(q.dgid)));
         // The peer process: as the library found it at RTR, else the registry's owner of
@@ -572,13 +627,17 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         Val peer = Val::none();
         if (q.peer_pid > 0) {
           peer = Val::signed_number(q.peer_pid);
-        } else if (q.dest_qp_num && q.type != 4) {
+        } else if (q.dest_qp_num && q.type != 4 && !links.count(r.handle)) {  // not on another host
           uint32_t slot = q.dest_qp_num >> 14;
           if (slot < registry.size() && registry[slot] == pid) peer = Val::signed_number(pid);
         }
         o.set("peer_pid", peer);
         o.set("max_send_wr", Val::number(q.max_send_wr));
-        o.set("send_queued", Val::maybe(t.deque_size(kQpSendQueue)));
+        // WQEs not completed: those the same-host requester holds, and those a RoCE v2
+        // link has sent (or is sending) and not had acknowledged.
+        auto queued = t.deque_size(kQpSendQueue);
+        o.set("send_queued", queued && in_flight ? Val::number(*queued + *in_flight) : Val{});
+        o.set("send_in_flight", Val::maybe(in_flight));
         o.set("max_recv_wr", Val::number(q.max_recv_wr));
         auto rh = t.get<uint64_t>(kQpRecvHead), rt = t.get<uint64_t>(kQpRecvTail);
         std::optional<uint64_t> posted;
@@ -667,6 +726,14 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         xrcds.items.push_back(std::move(o));
         break;
       }
+      case kTd: {
+        auto users = t.get<int32_t>(kTdUsers);
+        o.set("users", users && *users >= 0 ? Val::number(static_cast<uint64_t>(*users)) : Val{});
+        tds.items.push_back(std::move(o));
+        break;
+      }
+      case kRoce:
+        break;  // shown in its QP's row
       case kDm: {
         const DmInfo& m = r.u.dm;
         o.set("length", Val::number(m.length));
@@ -688,6 +755,7 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
   p.set("ahs", std::move(ahs));
   p.set("xrcds", std::move(xrcds));
   p.set("dms", std::move(dms));
+  p.set("tds", std::move(tds));
   return p;
 }
 
@@ -794,7 +862,8 @@ std::string tables(const Val& all, pid_t only) {
     };
     for (Kind k : {Kind{"contexts", "ctx"}, Kind{"pds", "pd"}, Kind{"mrs", "mr"}, Kind{"cqs", "cq"},
                    Kind{"channels", "ch"}, Kind{"qps", "qp"}, Kind{"srqs", "srq"},
-                   Kind{"mws", "mw"}, Kind{"ahs", "ah"}, Kind{"xrcds", "xrcd"}, Kind{"dms", "dm"}}) {
+                   Kind{"mws", "mw"}, Kind{"ahs", "ah"}, Kind{"xrcds", "xrcd"}, Kind{"dms", "dm"},
+                   Kind{"tds", "td"}}) {
       const Val* list = p.get(k.key);
       for (size_t i = 0; list && i < list->items.size(); ++i)
         if (const Val* h = list->items[i].get("handle"))
@@ -817,10 +886,12 @@ std::string tables(const Val& all, pid_t only) {
     print_table(out, "CONTEXT", list("contexts"), {{"DEVICE", {"device"}}, {"ASYNC_FD", {"async_fd"}},
                                                   {"ASYNC_WAITING", {"async_events_waiting"}}},
                 labels);
-    print_table(out, "PD", list("pds"), {{"CONTEXT", {"context"}}, {"PARENT_DOMAIN", {"parent_domain"}}}, labels);
+    print_table(out, "PD", list("pds"),
+                {{"CONTEXT", {"context"}}, {"PARENT_DOMAIN", {"parent_domain"}}, {"IMPORTED", {"imported"}}},
+                labels);
     print_table(out, "MR", list("mrs"),
                 {{"PD", {"pd"}}, {"ADDR", {"addr"}}, {"LENGTH", {"length"}}, {"LKEY", {"lkey"}},
-                 {"RKEY", {"rkey"}}, {"ACCESS", {"access"}}},
+                 {"RKEY", {"rkey"}}, {"ACCESS", {"access"}}, {"IMPORTED", {"imported"}}},
                 labels);
     print_table(out, "CQ", list("cqs"),
                 {{"CQE", {"cqe"}}, {"ENTRIES", {"entries"}}, {"ARMED", {"armed"}},
@@ -852,6 +923,7 @@ std::string tables(const Val& all, pid_t only) {
     print_table(out, "XRCD", list("xrcds"), {{"FILE", {"file"}}, {"USERS", {"users"}}}, labels);
     print_table(out, "DM", list("dms"),
                 {{"LENGTH", {"length"}}, {"HANDLE", {"dm_handle"}}, {"IMPORTED", {"imported"}}}, labels);
+    print_table(out, "TD", list("tds"), {{"CONTEXT", {"context"}}, {"USERS", {"users"}}}, labels);
     out += "\n";
   }
   return out;

@@ -76,6 +76,7 @@ void created(Kind kind, const void* handle, const void* parent, Site site) {
     state().dead_keys.erase(o.lkey);
     state().dead_keys.erase(o.rkey);
   }
+  if (kind == Kind::Ah) state().dead_ahs.erase(handle);
   o.seq = ++state().made;
   state().objects[handle] = o;
 }
@@ -84,6 +85,10 @@ void after_destroy(Kind kind, const void* handle, int rc, Site site) {
   if (rc == EBUSY) busy(kind, handle, site);
   std::lock_guard<std::mutex> lock(state().mu);
   if (rc == 0) {
+    if (kind == Kind::Ah) {  // kept to name it if a WR uses it again
+      auto it = state().objects.find(handle);
+      state().dead_ahs[handle] = {it != state().objects.end() ? it->second.site : nullptr, site};
+    }
     state().objects.erase(handle);
   } else if (kind == Kind::Mr) {  // it lives on: its keys are not dead
     auto* mr = static_cast<const ibv_mr*>(handle);

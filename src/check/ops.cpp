@@ -4,6 +4,8 @@
 // the poll slots of each extended CQ (ibv_start_poll, ibv_next_poll) those make; these
 // check and call the real ones. With checking off nothing is swapped, so the
 // data path is exactly what it is without the checker.
+#include <cstdio>
+
 #include "check/state.hpp"
 
 namespace softverbs::check {
@@ -37,20 +39,78 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
 int wr_complete(ibv_qp_ex* q) { return checked_wr_complete(q, SV_SITE); }
 
 void wr_set_sge_list(ibv_qp_ex* q, size_t n, const ibv_sge* list) {
+  check_wr_in_batch(q, "ibv_wr_set_sge_list", false, SV_SITE);
   check_wr_set_sges(q, n, SV_SITE);
   real.wr_set_sge_list(q, n, list);
 }
 
 void wr_set_inline_data(ibv_qp_ex* q, void* addr, size_t len) {
+  check_wr_in_batch(q, "ibv_wr_set_inline_data", false, SV_SITE);
   check_wr_set_inline(q, len, SV_SITE);
   real.wr_set_inline_data(q, addr, len);
 }
 
 void wr_set_inline_data_list(ibv_qp_ex* q, size_t n, const ibv_data_buf* bufs) {
+  check_wr_in_batch(q, "ibv_wr_set_inline_data_list", false, SV_SITE);
   uint64_t bytes = 0;
   for (size_t i = 0; bufs && i < n; ++i) bytes += bufs[i].length;
   check_wr_set_inline(q, bytes, SV_SITE);
   real.wr_set_inline_data_list(q, n, bufs);
+}
+
+// The other builders and setters of the extended QP: each first checks that a batch is
+// open (and, for a setter, that a WR was started in it), then calls the real one.
+// Guard<slot, name, builder>::call has the slot's own signature.
+template <auto Slot, const char* Name, bool Builder, typename = decltype(Slot)>
+struct Guard;
+template <auto Slot, const char* Name, bool Builder, typename... A>
+struct Guard<Slot, Name, Builder, void (*ibv_qp_ex::*)(ibv_qp_ex*, A...)> {
+  static inline void (*real)(ibv_qp_ex*, A...) = nullptr;
+  static void call(ibv_qp_ex* q, A... a) {
+    check_wr_in_batch(q, Name, Builder, SV_SITE);
+    real(q, a...);
+  }
+  static void install(ibv_qp_ex& x) {
+    if (!real) real = x.*Slot;
+    if (x.*Slot) x.*Slot = &call;
+  }
+};
+
+constexpr char kWrSend[] = "ibv_wr_send", kWrSendImm[] = "ibv_wr_send_imm",
+               kWrSendInv[] = "ibv_wr_send_inv", kWrSendTso[] = "ibv_wr_send_tso",
+               kWrWrite[] = "ibv_wr_rdma_write", kWrWriteImm[] = "ibv_wr_rdma_write_imm",
+               kWrRead[] = "ibv_wr_rdma_read", kWrCas[] = "ibv_wr_atomic_cmp_swp",
+               kWrFaa[] = "ibv_wr_atomic_fetch_add", kWrAtomicWrite[] = "ibv_wr_atomic_write",
+               kWrBindMw[] = "ibv_wr_bind_mw", kWrLocalInv[] = "ibv_wr_local_inv",
+               kWrSetSge[] = "ibv_wr_set_sge", kWrSetXrc[] = "ibv_wr_set_xrc_srqn";
+
+void guard_builders(ibv_qp_ex& x) {
+  Guard<&ibv_qp_ex::wr_send, kWrSend, true>::install(x);
+  Guard<&ibv_qp_ex::wr_send_imm, kWrSendImm, true>::install(x);
+  Guard<&ibv_qp_ex::wr_send_inv, kWrSendInv, true>::install(x);
+  Guard<&ibv_qp_ex::wr_send_tso, kWrSendTso, true>::install(x);
+  Guard<&ibv_qp_ex::wr_rdma_write, kWrWrite, true>::install(x);
+  Guard<&ibv_qp_ex::wr_rdma_write_imm, kWrWriteImm, true>::install(x);
+  Guard<&ibv_qp_ex::wr_rdma_read, kWrRead, true>::install(x);
+  Guard<&ibv_qp_ex::wr_atomic_cmp_swp, kWrCas, true>::install(x);
+  Guard<&ibv_qp_ex::wr_atomic_fetch_add, kWrFaa, true>::install(x);
+  Guard<&ibv_qp_ex::wr_atomic_write, kWrAtomicWrite, true>::install(x);
+  Guard<&ibv_qp_ex::wr_bind_mw, kWrBindMw, true>::install(x);
+  Guard<&ibv_qp_ex::wr_local_inv, kWrLocalInv, true>::install(x);
+  Guard<&ibv_qp_ex::wr_set_sge, kWrSetSge, false>::install(x);
+  Guard<&ibv_qp_ex::wr_set_xrc_srqn, kWrSetXrc, false>::install(x);
+}
+
+// ibv_wr_set_ud_addr: in a batch, on a WR, and with an AH that is still there.
+void wr_set_ud_addr(ibv_qp_ex* q, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+  check_wr_in_batch(q, "ibv_wr_set_ud_addr", false, SV_SITE);
+  if (Qp* qp = Qp::from(&q->qp_base)) {
+    char call[160];
+    snprintf(call, sizeof(call), "ibv_wr_set_ud_addr: QP %p wr_id %llu", static_cast<void*>(qp->qp()),
+             static_cast<unsigned long long>(q->wr_id));
+    check_ud_ah(qp, ah, call, SV_SITE);
+  }
+  real.wr_set_ud_addr(q, ah, remote_qpn, remote_qkey);
 }
 
 // The extended CQ's poll API: each completion it makes current is explained as
@@ -93,7 +153,10 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
       real.wr_set_sge_list = x.wr_set_sge_list;
       real.wr_set_inline_data = x.wr_set_inline_data;
       real.wr_set_inline_data_list = x.wr_set_inline_data_list;
+      real.wr_set_ud_addr = x.wr_set_ud_addr;
     }
+    guard_builders(x);
+    x.wr_set_ud_addr = &wr_set_ud_addr;
     x.wr_complete = &wr_complete;
     x.wr_set_sge_list = &wr_set_sge_list;
     x.wr_set_inline_data = &wr_set_inline_data;

@@ -212,6 +212,8 @@ void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site, const char* verb) {
            "the IBA's atomic operations work on a naturally aligned 64-bit word: the "
            "virtual address must be a multiple of 8");
   }
+  if (qp->type == IBV_QPT_UD && verb == std::string("ibv_post_send"))
+    check_ud_ah(qp, wr->wr.ud.ah, call, site);
   if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) return;
   uint8_t max_rd_atomic;
   {
@@ -232,8 +234,9 @@ void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site, const char* verb) {
            "ibv_modify_qp(3): max_rd_atomic is the \"Number of outstanding RDMA reads & atomic "
            "operations on the destination QP\"");
   }
-  // The rkey: only a peer in this process has its keys in our table.
-  if (route != wire::Route::Loop) return;
+  // The rkey: a peer in this process has its keys in our table; one in another process of
+  // this host publishes its table (check_peer_rkey).
+  if (route != wire::Route::Loop && route != wire::Route::Shm) return;
   unsigned need = 0;
   uint64_t raddr = wr->wr.rdma.remote_addr, rlen = total;
   uint32_t rkey = wr->wr.rdma.rkey;
@@ -250,7 +253,11 @@ void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site, const char* verb) {
       break;
     default: return;
   }
-  if (rlen) check_key(call, h, site, false, 0, nullptr, rkey, raddr, rlen, need);
+  if (!rlen) return;
+  if (route == wire::Route::Loop)
+    check_key(call, h, site, false, 0, nullptr, rkey, raddr, rlen, need);
+  else
+    check_peer_rkey(qp, call, h, site, rkey, raddr, rlen, need, read_atomic);
 }
 
 void check_recv_wr(const char* verb, const void* h, uint32_t max_sge, Pd* pd,

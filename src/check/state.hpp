@@ -40,10 +40,16 @@ struct DeadKey {
   Site reg_site = nullptr, dereg_site = nullptr;
 };
 
+// A destroyed AH, until an AH is made at the same address again.
+struct DeadAh {
+  Site made_site = nullptr, destroy_site = nullptr;
+};
+
 struct State {
   std::mutex mu;
   std::unordered_map<const void*, ObjState> objects;
   std::map<uint32_t, DeadKey> dead_keys;
+  std::unordered_map<const void*, DeadAh> dead_ahs;
   uint64_t made = 0;  // objects made so far
 };
 State& state();
@@ -76,6 +82,7 @@ struct RealOps {
   void (*wr_set_sge_list)(ibv_qp_ex*, size_t, const ibv_sge*) = nullptr;
   void (*wr_set_inline_data)(ibv_qp_ex*, void*, size_t) = nullptr;
   void (*wr_set_inline_data_list)(ibv_qp_ex*, size_t, const ibv_data_buf*) = nullptr;
+  void (*wr_set_ud_addr)(ibv_qp_ex*, ibv_ah*, uint32_t, uint32_t) = nullptr;
   int (*start_poll)(ibv_cq_ex*, ibv_poll_cq_attr*) = nullptr;
   int (*next_poll)(ibv_cq_ex*) = nullptr;
 };
@@ -89,6 +96,14 @@ int checked_wr_complete(ibv_qp_ex* q, Site site);
 void check_wr_set_sges(ibv_qp_ex* q, size_t n, Site site);
 void check_wr_set_inline(ibv_qp_ex* q, uint64_t bytes, Site site);
 void before_req_notify(Cq* cq, Site site);
+// check/peer_checks.cpp: the rkey of a WR to a connected QP of another process on this host
+// (route Shm), against the MR table it publishes; `need`: the remote access the op needs.
+void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, uint32_t rkey,
+                     uint64_t addr, uint64_t length, unsigned need, bool read_atomic);
+// An ibv_wr_<op> (`builder`) or ibv_wr_set_* outside ibv_wr_start .. ibv_wr_complete.
+void check_wr_in_batch(ibv_qp_ex* q, const char* verb, bool builder, Site site);
+// A UD WR's address handle: null, or one destroyed before.
+void check_ud_ah(Qp* qp, const ibv_ah* ah, const std::string& call, Site site);
 // `verb`: how they were taken (ibv_poll_cq, or ibv_start_poll / ibv_next_poll).
 void explain_completions(const ibv_wc* wc, int n, Site site, const char* verb);
 void install_engine_hooks();  // the CQ overrun and RNR hooks (core/check_hooks.hpp)

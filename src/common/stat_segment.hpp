@@ -20,6 +20,8 @@ inline constexpr uint32_t kMaxRecords = 4096;  // a process with more objects: `
 enum Kind : uint32_t {
   kFree = 0, kContext, kPd, kMr, kCq, kChannel, kQp, kSrq,
   kMw, kAh, kXrcd, kDm,  // appended: a reader skips kinds it does not know (>= its kKinds)
+  kTd,    // a thread domain
+  kRoce,  // the RoCE v2 link of a QP: its live PSNs and the WQEs it holds in flight
   kKinds
 };
 
@@ -48,6 +50,10 @@ enum QpHot {
   kQpRecvTail,        // uint64: receive ring, posted
   kQpEventsReported,  // uint32: async events handed out
   kQpEventsAcked,     // uint32
+  // Its receive window (a same-host peer's small SENDs wait there until the next poll):
+  kQpWindowSlots,     // uint64: address of slot 0 (0: no window); QpInfo has their count, size
+  kQpWindowHead,      // uint64: messages taken from it (message n is in slot n % count,
+                      // whose first uint64 reads n + 1 once it is there)
 };
 enum SrqHot { kSrqHead, kSrqTail, kSrqLimit, kSrqMaxWr };  // uint64, uint64, uint32, uint32
 // A window's binding changes on the data path (bind and invalidate WRs): read live.
@@ -60,6 +66,13 @@ enum MwHot {
   kMwQpn,     // uint32: type 2, the QP it is bound to
 };
 enum XrcdHot { kXrcdUsers };  // int32: SRQs and TGT QPs using the handle
+enum TdHot { kTdUsers };  // int32: parent domains using it
+// A RoCE v2 link changes its PSNs with every packet: read live, never published.
+enum RoceHot {
+  kRoceNextPsn,      // uint32: the first PSN of the next WQE the requester sends
+  kRoceExpectedPsn,  // uint32: the PSN the responder expects next
+  kRoceSendQueue,    // std::deque of WQEs sent or to send and not yet acknowledged (elem_size)
+};
 inline constexpr int kMaxHot = 12;
 
 struct CtxInfo {
@@ -72,6 +85,8 @@ struct PdInfo {
   uint32_t handle;
   uint32_t parent_domain;  // 1: an ibv_alloc_parent_domain
   uint64_t protection;     // the PD it extends (parent domain), else its own handle
+  uint32_t imported;       // 1: ibv_import_pd
+  uint32_t reserved;
 };
 struct MrInfo {
   uint64_t pd;
@@ -81,6 +96,7 @@ struct MrInfo {
   uint32_t lkey;
   uint32_t rkey;
   uint32_t access;
+  uint32_t imported;  // 1: ibv_import_mr (addr is NULL then, as ibv_import_mr(3) says)
 };
 struct CqInfo {
   uint64_t channel;  // ibv_comp_channel*, 0: none
@@ -104,6 +120,7 @@ struct QpInfo {
   uint32_t access;
   uint8_t path_mtu, timeout, retry_cnt, rnr_retry, min_rnr_timer, max_rd_atomic,
       max_dest_rd_atomic, sq_sig_all;
+  uint32_t window_slots, window_slot_size;  // of the receive window (kQpWindowSlots)
 };
 struct SrqInfo {
   uint64_t pd;
@@ -135,6 +152,13 @@ struct DmInfo {
   uint32_t imported;
 };
 
+struct TdInfo {
+  uint64_t reserved;
+};
+struct RoceInfo {
+  uint64_t qp;  // the QP's handle (matches a QP record's `handle`)
+};
+
 struct Record {
   uint32_t seq;               // odd while the library writes the record (atomic_ref there)
   uint32_t kind;              // Kind
@@ -158,6 +182,8 @@ struct Record {
     AhInfo ah;
     XrcdInfo xrcd;
     DmInfo dm;
+    TdInfo td;
+    RoceInfo roce;
   } u;
 };
 

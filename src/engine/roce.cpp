@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/cm_port_name.hpp"
+#include "core/check_hooks.hpp"
 #include "core/core.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
@@ -312,6 +313,9 @@ struct RoceLink final : packet::Env {
     if (q->type == IBV_QPT_XRC_RECV) pq.set_xrc(packet::XrcRole::kTgt);
   }
 
+  ~RoceLink() override { magic = 0; }
+
+  uint32_t magic = kRoceLinkMagic;  // for `softverbs stat` (roce_stat_view)
   Qp* qp;
   std::mutex mu;
   packet::PacketQp pq;
@@ -359,6 +363,7 @@ struct RoceLink final : packet::Env {
       // `softverbs inject drop|dup` on a QP of the wire: this datagram lost, or sent twice
       // (the peer's transport sees what a lossy network would give it).
       if (take_one(qp->debug.wire_drop)) {
+        trace_dropped(pkt, payload);
         if (qp->type == IBV_QPT_UD && !ud_dest.empty()) ud_dest.pop_front();
         return;
       }
@@ -371,6 +376,34 @@ struct RoceLink final : packet::Env {
       }
     }
     send_datagram(pkt, payload);
+  }
+
+  // A datagram `softverbs inject drop` loses on the wire: the sender's trace still has it,
+  // as a capture at a NIC's port would (the loss comes after the port).
+  void trace_dropped(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
+    rw::PcapWriter* t = trace();
+    if (!t) return;
+    ibv_gid s = sgid, d = dgid;
+    if (qp->type == IBV_QPT_UD) {
+      if (ud_dest.empty()) return;
+      s = ud_dest.front().sgid;
+      d = ud_dest.front().dgid;
+    }
+    std::vector<uint8_t> buf(kMaxDatagram);
+    const size_t header = rw::encode_headers(pkt, pkt.payload_len, buf.data(), buf.size());
+    const uint8_t pad = rw::pad_bytes(pkt.payload_len);
+    const size_t off = header + pkt.payload_len + pad + rw::kIcrcBytes;
+    if (!header || off > buf.size()) return;
+    size_t at = header;
+    for (const packet::Iov& v : payload) {
+      if (at + v.len > header + pkt.payload_len) return;
+      std::memcpy(buf.data() + at, v.addr, v.len);
+      at += v.len;
+    }
+    std::memset(buf.data() + at, 0, off - at);
+    rw::IcrcContext ctx = rw::IcrcContext::from_gids(s.raw, d.raw, port().source_port(qp->qpn()));
+    rw::icrc_fill(ctx, buf.data(), off);
+    t->write(ctx, buf.data(), off);
   }
 
   void send_datagram(const rw::Packet& pkt, std::span<const packet::Iov> payload) {
@@ -566,6 +599,10 @@ struct RoceLink final : packet::Env {
     if ((qp_access & need) != need) return false;  // the QP's flush access too (as rxe)
     if (!access_pd()) return false;
     return flush_memory(access_pd(), rkey, va, len, type, level);
+  }
+
+  void rnr_nak_taken() override {
+    if (check_hooks::rnr_wait) check_hooks::rnr_wait(qp);
   }
 
   bool invalidate_rkey(uint32_t rkey) override {
@@ -1192,6 +1229,23 @@ void roce_poll_stop() {
 void roce_flush_held_slow(const Qp* except) {
   const uint32_t qpn = except ? except->qpn() : 0;
   flush_held_acks_but([except, qpn](const HeldEntry& e) { return except && e.qpn == qpn; });
+}
+
+bool roce_stat_view(Qp* qp, RoceStatView* view) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return false;
+  auto at = [link](const void* field) {
+    return static_cast<uint32_t>(static_cast<const char*>(field) - reinterpret_cast<const char*>(link));
+  };
+  view->object = link;
+  view->size = sizeof(RoceLink);
+  view->magic_offset = at(&link->magic);
+  view->magic = kRoceLinkMagic;
+  view->next_psn = at(link->pq.next_psn_address());
+  view->expected_psn = at(link->pq.expected_psn_address());
+  view->send_queue = at(link->pq.send_queue_address());
+  view->send_entry_size = static_cast<uint32_t>(packet::PacketQp::send_entry_size());
+  return true;
 }
 
 size_t roce_in_flight(Qp* qp) {

@@ -32,6 +32,16 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask);
 bool roce_post(Qp* qp, SendWqe& w);
 // Send WQEs the link holds (sent, not yet completed): they count against max_send_wr.
 size_t roce_in_flight(Qp* qp);
+// Where `softverbs stat` reads a QP's RoCE v2 link live (common/stat_segment.hpp's RoceHot):
+// the link object, its tag, and the offsets in it of its PSNs and send queue. False: the
+// QP has no link. Its tag reads kRoceLinkMagic while the link lives.
+inline constexpr uint32_t kRoceLinkMagic = 0x5356524c;  // "SVRL"
+struct RoceStatView {
+  const void* object = nullptr;
+  uint32_t size = 0, magic_offset = 0, magic = 0;
+  uint32_t next_psn = 0, expected_psn = 0, send_queue = 0, send_entry_size = 0;
+};
+bool roce_stat_view(Qp* qp, RoceStatView* view);
 // ibv_poll_cq on an empty CQ that QPs on the wire feed: receives what waits on the port
 // now, on the caller's thread. True when something was received. `hold_acks`: ACKs for
 // what it receives may wait for the QP's next packet (a polling loop, which says what it

@@ -5,7 +5,8 @@
 // (ACK, READ responses, ATOMIC ACK, RNR NAK, NAK), with PSNs counted from the QP's sq_psn,
 // the responder's MSN, the QPs' GIDs as IP addresses and a valid ICRC. Only the process that
 // posts writes them (a same-host responder runs no code for a WRITE/READ/atomic that lands
-// in its memory), both directions. Frames are whole: a packet is at most one MTU.
+// in its memory), both directions. Frames are whole: a packet is at most one MTU. IBA 1.5's
+// FLUSH and ATOMIC WRITE are one request each, answered by an empty RDMA READ response.
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -13,6 +14,7 @@
 #include "core/core.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
+#include "common/verbs_ext.hpp"
 #include "engine/engine.hpp"
 #include "engine/roce.hpp"
 #include "wire/roce/icrc.hpp"
@@ -163,7 +165,11 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
   const bool write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
   const bool read = op == IBV_WR_RDMA_READ;
   const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-  if (!send && !write && !read && !atomic) return;  // local operations send nothing
+  // IBA 1.5's: one request packet each, answered (as rxe does) by an empty READ response.
+  const bool atomic_write = op == IBV_WR_ATOMIC_WRITE;
+  const bool flush_op = op == kWrFlush;
+  if (!send && !write && !read && !atomic && !atomic_write && !flush_op)
+    return;  // local operations send nothing
   if (qp->type == IBV_QPT_UD && !send) return;
   if (o.kind == Outcome::Error && nak_code(o.status) < 0) return;  // failed before sending
 
@@ -175,7 +181,8 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
     d.psn_known = true;
   }
   const uint64_t len = w.total_length;
-  const size_t packets = atomic ? 1 : std::max<uint64_t>(1, (len + path.mtu - 1) / path.mtu);
+  const size_t packets = atomic || atomic_write || flush_op
+                             ? 1 : std::max<uint64_t>(1, (len + path.mtu - 1) / path.mtu);
   // A resent request (a duplicate) carries the PSNs of the one before it; others start at
   // the next PSN, which advances only when the responder took the request.
   const uint32_t first_psn = resend ? (d.psn - d.last_psns) & kPsnMask : d.psn;
@@ -211,6 +218,24 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
       p.payload = payload;
       emit.request(p);
     }
+  } else if (atomic_write || flush_op) {
+    p.opcode = transport | (flush_op ? rw::kFlush : rw::kAtomicWrite);
+    p.psn = psn;
+    p.ack_req = true;
+    p.va = w.remote_addr;
+    p.rkey = w.rkey;
+    if (flush_op) {
+      p.dma_len = static_cast<uint32_t>(len);  // the WQE: compare_add the type, swap the level
+      p.flush_type = static_cast<uint8_t>(w.compare_add);
+      p.flush_level = static_cast<uint8_t>(w.swap);
+    } else {  // the 8 bytes as they lie in the requester's memory (compare_add holds them)
+      p.dma_len = rw::kAtomicWriteBytes;
+      std::memcpy(payload, &w.compare_add, rw::kAtomicWriteBytes);
+      p.payload = payload;
+      p.payload_len = rw::kAtomicWriteBytes;
+    }
+    emit.request(p);
+    psn = (psn + 1) & kPsnMask;
   } else {
     p.opcode = transport | (read ? rw::kReadRequest
                                  : op == IBV_WR_ATOMIC_CMP_AND_SWP ? rw::kCompareSwap : rw::kFetchAdd);
@@ -249,6 +274,10 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
   if (send || write) {
     r.opcode = transport | rw::kAck;
     r.psn = last_psn;
+    emit.response(r);
+  } else if (atomic_write || flush_op) {
+    r.opcode = transport | rw::kReadResponseOnly;
+    r.psn = first_psn;
     emit.response(r);
   } else if (atomic) {
     r.opcode = transport | rw::kAtomicAck;

@@ -34,11 +34,13 @@ ibv_td* alloc_td(Context* ctx, const ibv_td_init_attr* attr) {
   }
   td->ibv.context = ctx->ibv();
   td->ctx = ctx;
+  stat::publish(td);
   return &td->ibv;
 }
 
 int dealloc_td(Td* td) {
   if (td->users.load() != 0) return EBUSY;  // a parent domain still uses it
+  stat::withdraw(td);
   td->magic = kDead;
   delete td;
   return 0;

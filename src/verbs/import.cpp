@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/device.hpp"
+#include "verbs/stat_publish.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs {
@@ -109,6 +110,7 @@ ibv_pd* import_pd(Context* ctx, uint32_t handle) {
   pd->ctx = ctx;
   pd->prot = origin;
   pd->imported = true;
+  stat::publish(pd);
   return &pd->ibv;
 }
 
@@ -135,6 +137,7 @@ void sweep_unimported_pds() {
 
 void unimport_pd(Pd* pd) {
   if (!pd->imported) return;
+  stat::withdraw(pd);
   pd->magic = kDead;  // no verb takes it any more
   if (pd->users.load() == 0) {
     free_import(pd);
@@ -172,11 +175,13 @@ ibv_mr* import_mr(Pd* pd, uint32_t handle) {
   mr->ibv.addr = nullptr;  // ibv_import_mr(3): "not applicable, NULL value is expected"
   mr->ibv.handle = handle;
   pd->users++;
+  stat::publish(mr);
   return &mr->ibv;
 }
 
 void unimport_mr(Mr* mr) {
   if (!mr->imported) return;
+  stat::withdraw(mr);
   mr->pd->users--;
   mr->magic = kDead;
   delete mr;

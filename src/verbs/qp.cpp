@@ -603,6 +603,7 @@ int destroy_qp(Qp* qp) {
   wire::unregister_qp(qp->qpn());  // no peer or timer can reach it any more
   // Its number will name another QP: the type 2 windows bound to it go with it.
   MrTable::instance().invalidate_windows_of(qp->qpn());
+  stat::withdraw_link(qp);
   engine::roce_destroy(qp);
   ibv_qp* q = qp->qp();
   drop_async_events_of(qp->ctx, EventElement::Qp, q);

@@ -21,13 +21,16 @@
 #include <pthread.h>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/stat_segment.hpp"
 #include "common/state_dir.hpp"
+#include "engine/roce.hpp"
 
 namespace softverbs::stat {
 
+static_assert(sizeof(std::atomic<const wire::WindowSlot*>) == 8);
 static_assert(int(kArmNone) == int(wire::kArmNone) && int(kArmSolicited) == int(wire::kArmSolicited) &&
               int(kArmNext) == int(wire::kArmNext));
 
@@ -165,20 +168,30 @@ void store(Record* r, const Record& body) {
   seq_word.store((seq | 1) + 1, std::memory_order_release);
 }
 
-template <typename Object, typename Fill>
-void write(Object* object, Kind kind, uint32_t magic, Fill&& fill) {
+// The record of `object` (`size` bytes, its tag at `magic_offset` reading `magic`), with
+// what `fill` adds.
+template <typename Fill>
+void write_raw(const void* object, uint32_t size, uint32_t magic_offset, uint32_t magic, Kind kind,
+               Fill&& fill) {
   Record body{};
   body.kind = kind;
   body.object = reinterpret_cast<uintptr_t>(object);
-  body.object_size = sizeof(Object);
-  body.magic_offset = static_cast<uint32_t>(reinterpret_cast<const char*>(&object->magic) -
-                                            reinterpret_cast<const char*>(object));
+  body.object_size = size;
+  body.magic_offset = magic_offset;
   body.magic = magic;
   fill(body);
   std::lock_guard<std::mutex> lock(g_mu);
   Header* h = segment_locked();
   if (!h) return;
   if (Record* r = record_for(h, object)) store(r, body);
+}
+
+template <typename Object, typename Fill>
+void write(Object* object, Kind kind, uint32_t magic, Fill&& fill) {
+  write_raw(object, sizeof(Object),
+            static_cast<uint32_t>(reinterpret_cast<const char*>(&object->magic) -
+                                  reinterpret_cast<const char*>(object)),
+            magic, kind, std::forward<Fill>(fill));
 }
 
 uint32_t offset(const void* object, const void* field) {
@@ -209,6 +222,7 @@ void publish(Pd* pd) {
     r.u.pd.handle = pd->ibv.handle;
     r.u.pd.parent_domain = pd->parent != nullptr;
     r.u.pd.protection = address(&pd->prot->ibv);
+    r.u.pd.imported = pd->imported;
   });
 }
 
@@ -223,6 +237,7 @@ void publish(Mr* mr) {
     r.u.mr.lkey = mr->ibv.lkey;
     r.u.mr.rkey = mr->ibv.rkey;
     r.u.mr.access = mr->access;
+    r.u.mr.imported = mr->imported;
   });
 }
 
@@ -303,6 +318,35 @@ void publish(Qp* qp) {
     r.hot[kQpRecvTail] = offset(qp, qp->rq.tail_address());
     r.hot[kQpEventsReported] = offset(qp, &qp->events_reported);
     r.hot[kQpEventsAcked] = offset(qp, &q->events_completed);
+    r.hot[kQpWindowSlots] = offset(qp, &qp->window_slots);
+    r.hot[kQpWindowHead] = offset(qp, &qp->inbound.head);
+    i.window_slots = wire::kWindowSlots;
+    i.window_slot_size = sizeof(wire::WindowSlot);
+  });
+  // Its RoCE v2 link, once it has one: the PSNs and WQEs in flight live there.
+  engine::RoceStatView link;
+  if (!engine::roce_stat_view(qp, &link)) return;
+  write_raw(link.object, link.size, link.magic_offset, link.magic, kRoce, [&](Record& r) {
+    r.handle = address(qp->qp());
+    r.context = address(qp->qp()->context);
+    r.u.roce.qp = address(qp->qp());
+    r.hot[kRoceNextPsn] = link.next_psn;
+    r.hot[kRoceExpectedPsn] = link.expected_psn;
+    r.hot[kRoceSendQueue] = link.send_queue;
+    r.elem_size = link.send_entry_size;
+  });
+}
+
+void withdraw_link(Qp* qp) {
+  engine::RoceStatView link;
+  if (engine::roce_stat_view(qp, &link)) withdraw(link.object);
+}
+
+void publish(Td* td) {
+  write(td, kTd, kTdMagic, [td](Record& r) {
+    r.handle = address(&td->ibv);
+    r.context = address(td->ibv.context);
+    r.hot[kTdUsers] = offset(td, &td->users);
   });
 }
 

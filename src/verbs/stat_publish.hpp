@@ -20,6 +20,9 @@ void publish(Ah* ah);
 // `path`: the file the domain was opened on, or "" (fd -1).
 void publish(Xrcd* xrcd, const char* path);
 void publish(Dm* dm);
+void publish(Td* td);
+// Frees the record of the QP's RoCE v2 link, if it has one (call before the link goes).
+void withdraw_link(Qp* qp);
 // Frees the record of `object` (call before the object is freed).
 void withdraw(const void* object);
 

@@ -590,6 +590,186 @@ __attribute__((noinline)) void correct_ex(void)
 	close_ex();
 }
 
+/* ---- the extended API outside its batch, and a UD address handle that is gone ---------- */
+
+static struct ibv_qp *ud_ex_qp(void)
+{
+	struct ibv_qp_init_attr_ex qa = {0};
+	qa.send_cq = qa.recv_cq = f.pair.scq[0];
+	qa.qp_type = IBV_QPT_UD;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.pd = f.dev.pd;
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	struct ibv_qp *qp = ibv_create_qp_ex(f.dev.ctx, &qa);
+	CHECK(qp != NULL);
+	return qp;
+}
+
+static struct ibv_ah *make_ah(void)
+{
+	struct ibv_ah_attr aa = {0};
+	aa.port_num = 1;
+	aa.is_global = 1;
+	aa.grh.sgid_index = (uint8_t)sv_gid_index();
+	aa.grh.hop_limit = 1;
+	CHECK_OK(ibv_query_gid(f.dev.ctx, 1, sv_gid_index(), &aa.grh.dgid));
+	struct ibv_ah *ah = ibv_create_ah(f.dev.pd, &aa);
+	CHECK(ah != NULL);
+	return ah;
+}
+
+__attribute__((noinline)) void mistake_wr_outside(void)
+{
+	open_ex(0, NULL, 1);
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(X);
+	/* A builder with no batch open: the WR is dropped. */
+	qx->wr_id = 1;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, f.mr[0]->lkey, sv_addr(f.mr[0], 0), 64);
+	/* A setter in a batch before any builder: ibv_wr_complete fails. */
+	struct ibv_qp *U = ud_ex_qp();
+	struct ibv_qp_ex *ux = ibv_qp_to_qp_ex(U);
+	struct ibv_ah *ah = make_ah();
+	ibv_wr_start(ux);
+	ux->wr_id = 2;
+	ibv_wr_set_ud_addr(ux, ah, X->qp_num, 0x11111111);
+	ibv_wr_abort(ux);
+	/* An AH destroyed before the WR that names it. */
+	CHECK_OK(ibv_destroy_ah(ah));
+	ibv_wr_start(ux);
+	ux->wr_id = 3;
+	ibv_wr_send(ux);
+	ibv_wr_set_ud_addr(ux, ah, X->qp_num, 0x11111111);
+	ibv_wr_set_sge(ux, f.mr[0]->lkey, sv_addr(f.mr[0], 0), 64);
+	ibv_wr_abort(ux);
+	CHECK_OK(ibv_destroy_qp(U));
+	close_ex();
+}
+
+/* ---- a peer in another process (forked before any verbs call; on another host with
+ * $SV_PEER_NETNS, tests/hosts/check_peer.sh) ---------------------------------------------- */
+
+enum { PEER_DEAD_MR, PEER_OUTSIDE, PEER_NO_WRITE_MR, PEER_QP_NO_WRITE, PEER_ROUNDS };
+
+/* The peer of mistake_peer_rkey: a QP per round and, as the round says, the MR the
+ * requester is to write into: deregistered, too short, without REMOTE_WRITE, or on a QP
+ * that does not allow remote writes. */
+static void peer_rkey_main(int sock)
+{
+	for (int round = 0; round < PEER_ROUNDS; round++) {
+		struct sv_pair_cfg cfg;
+		sv_pair_cfg_init(&cfg);
+		if (round == PEER_QP_NO_WRITE)
+			cfg.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+		struct sv_one_qp p;
+		sv_one_qp_open(&p, &cfg, 64, 4096);
+		struct ibv_mr *target = p.mr, *extra = NULL;
+		if (round == PEER_DEAD_MR || round == PEER_NO_WRITE_MR) {
+			extra = sv_alloc_mr(p.dev.pd, 4096,
+					    round == PEER_DEAD_MR ? SV_ACCESS_ALL
+								  : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+			target = extra;
+		}
+		struct sv_remote them;
+		sv_trade_remote(sock, p.qp, target, &them);
+		sv_one_qp_connect(&p, them.qpn, 0, 0, 0);
+		sv_say(sock, 1);
+		CHECK_EQ(sv_hear(sock), 1);
+		if (round == PEER_DEAD_MR) { /* after the requester's first WRITE into it */
+			CHECK_EQ(sv_hear(sock), 3);
+			sv_free_mr(extra);
+			extra = NULL;
+			sv_say(sock, 4);
+		}
+		CHECK_EQ(sv_hear(sock), 2); /* the requester's WR failed */
+		if (extra)
+			sv_free_mr(extra);
+		sv_one_qp_close(&p);
+	}
+}
+
+__attribute__((noinline)) void mistake_peer_rkey(void)
+{
+	pid_t pid;
+	int sock = sv_fork_peer(peer_rkey_main, &pid);
+	/* All kept to the end: reports are once per QP, and a new QP may reuse a freed address. */
+	struct sv_one_qp rs[PEER_ROUNDS];
+	for (int round = 0; round < PEER_ROUNDS; round++) {
+		struct sv_one_qp r;
+		sv_one_qp_open(&r, NULL, 64, 4096);
+		struct sv_remote peer;
+		sv_trade_remote(sock, r.qp, r.mr, &peer);
+		sv_one_qp_connect(&r, peer.qpn, 0, 0, 0);
+		sv_say(sock, 1);
+		CHECK_EQ(sv_hear(sock), 1);
+		uint64_t at = peer.addr + (round == PEER_OUTSIDE ? 4096 - 32 : 0);
+		int rc;
+		struct ibv_wc wc;
+		if (round == PEER_DEAD_MR) { /* a WRITE while the MR is there, then it goes */
+			POST(r.qp, 100, IBV_WR_RDMA_WRITE, r.mr, 0, 64, IBV_SEND_SIGNALED, at, peer.rkey, rc);
+			CHECK_OK(rc);
+			sv_poll_one(r.cq, &wc);
+			CHECK_STATUS(wc, IBV_WC_SUCCESS);
+			sv_say(sock, 3);
+			CHECK_EQ(sv_hear(sock), 4);
+		}
+		POST(r.qp, 1 + round, IBV_WR_RDMA_WRITE, r.mr, 0, 64, IBV_SEND_SIGNALED, at, peer.rkey, rc);
+		CHECK_OK(rc);
+		sv_poll_one(r.cq, &wc);
+		CHECK_STATUS(wc, IBV_WC_REM_ACCESS_ERR);
+		sv_say(sock, 2);
+		rs[round] = r;
+	}
+	for (int round = 0; round < PEER_ROUNDS; round++)
+		sv_one_qp_close(&rs[round]);
+	sv_wait_peer(pid, "peer");
+	close(sock);
+}
+
+/* The peer of mistake_peer_rnr: a QP that never posts a receive. */
+static void peer_rnr_main(int sock)
+{
+	struct sv_one_qp p;
+	sv_one_qp_open(&p, NULL, 64, 4096);
+	struct sv_remote them;
+	sv_trade_remote(sock, p.qp, p.mr, &them);
+	sv_one_qp_connect(&p, them.qpn, 0, 0, 0);
+	sv_say(sock, 1);
+	CHECK_EQ(sv_hear(sock), 1);
+	CHECK_EQ(sv_hear(sock), 2);
+	sv_one_qp_close(&p);
+}
+
+/* A SEND to a peer in another process (same host: shared memory; another host: RoCE v2)
+ * that has no receive: the RNR waits are counted on the QP and the error explained. */
+__attribute__((noinline)) void mistake_peer_rnr(void)
+{
+	pid_t pid;
+	int sock = sv_fork_peer(peer_rnr_main, &pid);
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	rnr_once(&cfg);
+	struct sv_one_qp r;
+	sv_one_qp_open(&r, &cfg, 64, 4096);
+	struct sv_remote peer;
+	sv_trade_remote(sock, r.qp, r.mr, &peer);
+	sv_one_qp_connect(&r, peer.qpn, 0, 0, 0);
+	sv_say(sock, 1);
+	CHECK_EQ(sv_hear(sock), 1);
+	int rc;
+	POST(r.qp, 1, IBV_WR_SEND, r.mr, 0, 64, IBV_SEND_SIGNALED, 0, 0, rc);
+	CHECK_OK(rc);
+	struct ibv_wc wc;
+	sv_poll_one(r.cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_RNR_RETRY_EXC_ERR);
+	sv_say(sock, 2);
+	sv_one_qp_close(&r);
+	sv_wait_peer(pid, "peer");
+	close(sock);
+}
+
 /* ---- exit ---------------------------------------------------------------------------- */
 
 __attribute__((noinline)) void mistake_leak(void)
@@ -645,6 +825,10 @@ int main(int argc, char **argv)
 		{"poll_api", mistake_poll_api},
 		{"lost_wakeup_ex", mistake_lost_wakeup_ex},
 		{"correct_ex", correct_ex},
+		{"wr_outside", mistake_wr_outside},
+		/* A peer process (no fixture: the device is opened after the fork). */
+		{"peer_rkey", mistake_peer_rkey},
+		{"peer_rnr", mistake_peer_rnr},
 	};
 	if (argc != 2) {
 		fprintf(stderr, "usage: mistakes CASE\n");
@@ -655,6 +839,10 @@ int main(int argc, char **argv)
 			continue;
 		sv_init(cases[i].name);
 		cases[i].run();
+		if (!f.dev.ctx) { /* a case with a peer process closed all it opened */
+			printf("PASS %s\n", cases[i].name);
+			return 0;
+		}
 		/* What the case left (a CQ in error, QPs in ERR) is closed as it can be. */
 		sv_pair_destroy(&f.pair);
 		if (f.ch)

@@ -9,10 +9,13 @@
 #     server and a client each traced to its own file;
 #   - twoproc_inject (RNR NAKs, lost requests resent with the same PSN, a duplicate ACKed
 #     twice, a NAK for the injected REM_ACCESS_ERR).
-#   trace_same_host.sh SOFTVERBS PORT SEMANTICS_TEST INJECT_TEST. Exit 77 without tshark.
+#   - twoproc_qp_ex (the post-send API: IBA 1.5's ATOMIC WRITE and FLUSH, each answered by
+#     an empty RDMA READ RESPONSE ONLY; Wireshark 4.0 names their opcodes "Unknown").
+#   trace_same_host.sh SOFTVERBS PORT SEMANTICS_TEST INJECT_TEST QP_EX_TEST. Exit 77 without
+#   tshark.
 set -euo pipefail
 here=$(dirname "$0")
-softverbs=$1 port=$2 semantics=$3 inject=$4
+softverbs=$1 port=$2 semantics=$3 inject=$4 qp_ex=$5
 command -v tshark >/dev/null || { echo "skipped: no tshark"; exit 77; }
 dir=$(mktemp -d)
 export SOFTVERBS_STATE_DIR=$dir/state HOME=$dir
@@ -91,6 +94,14 @@ rnr=$(count "$dir/inject.pcap" '$2 != "" && $2 >= 32 && $2 < 64')
 ((rnr == 5)) || fail "$rnr RNR NAKs, not 5"
 nak=$(count "$dir/inject.pcap" '$2 == 98')  # NAK, remote access error
 ((nak == 1)) || fail "$nak remote access NAKs, not 1"
+echo "== twoproc_qp_ex"
+"$softverbs" trace -w "$dir/qp_ex.pcap" -- "$qp_ex" >"$dir/qp_ex.log" 2>&1 ||
+  { cat "$dir/qp_ex.log"; fail "twoproc_qp_ex"; }
+# FLUSH (28), ATOMIC WRITE (29), their READ RESPONSE ONLY (16).
+check_pcap "$dir/qp_ex.pcap" 16 28 29
+flushes=$(count "$dir/qp_ex.pcap" '$1 == 28') awrites=$(count "$dir/qp_ex.pcap" '$1 == 29')
+# Two FLUSHes and one ATOMIC WRITE that succeed, one of each refused (REM_ACCESS_ERR).
+((flushes == 3 && awrites == 2)) || fail "$flushes FLUSH and $awrites ATOMIC WRITE requests, not 3 and 2"
 echo "== every capture, merged"
 mergecap -F pcap -w "$dir/all.pcap" "$dir"/*.pcap
 bash "$here/../unit/roce_pcap_tshark.sh" --pcap "$dir/all.pcap" | tail -2

@@ -114,8 +114,15 @@ case $MODE in
     expect "both processes listed, running" "[(x['pid'], x['status']) for x in d['processes']]" \
       "[($first, 'running'), ($second, 'running')]"
     expect "live fields readable" "$R['live_fields'] and $S['live_fields']" True
-    expect "one context each, softverbs0" "[c['device'] for c in $R['contexts'] + $S['contexts']]" \
-      "['softverbs0', 'softverbs0']"
+    expect "one context each, softverbs0 (and the receiver's imported one)" \
+      "[c['device'] for c in $R['contexts'] + $S['contexts']]" "['softverbs0', 'softverbs0', 'softverbs0']"
+    expect "imported PD: in the second context, the others not imported" \
+      "[(x['imported'], x['parent_domain'], x['context'] == $R['contexts'][1]['handle']) for x in $R['pds']]" \
+      "[(False, False, False), (True, False, True), (False, True, False)]"
+    expect "imported MR: the second MR's keys and length, no address" \
+      "[(m['imported'], m['lkey'] == $R['mrs'][1]['lkey'], m['length'], m['addr']) for m in $R['mrs'][2:]] + [m['imported'] for m in $R['mrs'][:2]]" \
+      "[(True, True, 4096, '0x0'), False, False]"
+    expect "thread domain: one parent domain uses it" "[t['users'] for t in $R['tds']]" "[1]"
     expect "MR lengths 4096 / 8192" "($R['mrs'][0]['length'], $S['mrs'][0]['length'])" "(4096, 8192)"
     expect "MR access" "$R['mrs'][0]['access']" "LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ"
     expect "MR keys published" "$R['mrs'][0]['lkey'] == $R['mrs'][0]['rkey'] > 0" True
@@ -139,8 +146,11 @@ case $MODE in
     expect "receiver CQ: 3 entries waiting (2 receives, 1 send)" "$R['cqs'][0]['entries']" 3
     expect "receiver CQ armed solicited-only" "$R['cqs'][0]['armed']" solicited
     expect "receiver CQ: 2 events not acked" "$R['cqs'][0]['events_not_acked']" 2
-    expect "sender CQ: not armed, all acked (the receiver's message may wait in its window)" \
-      "($S['cqs'][0]['entries'] in (0, 1), $S['cqs'][0]['armed'], $S['cqs'][0]['events_not_acked'])" "(True, 'no', 0)"
+    expect "sender CQ: the receiver's message (in the ring or still in the window), not armed, all acked" \
+      "($S['cqs'][0]['entries'], $S['cqs'][0]['armed'], $S['cqs'][0]['events_not_acked'])" "(1, 'no', 0)"
+    expect "QPs on shared memory: PSNs from ibv_modify_qp, nothing in flight on a link" \
+      "[(q['psn_source'], q['send_in_flight']) for q in $R['qps'] + $S['qps']]" \
+      "[('modify_qp', 0), ('modify_qp', 0)]"
     expect "CQ depth" "$R['cqs'][0]['cqe'] >= 16" True
     expect "CQ on the channel" "$R['cqs'][0]['channel'] == $R['channels'][0]['handle']" True
     expect "receiver's channel readable, 1 event queued; the sender's neither" \
@@ -173,6 +183,8 @@ case $MODE in
     check "table: the AH" 'grep -Eq "^  ah0 +pd0 +::ffff:[0-9.]+ +0 +0 +1 +3 +9 *$" <<<"$table"'
     check "table: the XRCD" 'grep -Eq "^  xrcd0 +$xrcd_file +0 *$" <<<"$table"'
     check "table: the DM" 'grep -Eq "^  dm0 +4096 +[0-9]+ +no *$" <<<"$table"'
+    check "table: the TD" 'grep -Eq "^  td0 +ctx0 +1 *$" <<<"$table"'
+    check "table: the imported MR" 'grep -Eq "^  mr2 +pd1 +0x0 +4096 .* yes *$" <<<"$table"'
     # An async event nobody takes: the port goes down (IBV_EVENT_PORT_ERR in each process).
     "$SOFTVERBS" port down
     for _ in $(seq 50); do
@@ -180,8 +192,8 @@ case $MODE in
       [[ $(q1 "$R['contexts'][0]['async_events_waiting']") == 1 ]] && break
       sleep 0.1
     done
-    expect "port down: one async event waiting in each process" \
-      "[c['async_events_waiting'] for c in $R['contexts'] + $S['contexts']]" "[1, 1]"
+    expect "port down: one async event waiting in each context (the imported one too)" \
+      "[c['async_events_waiting'] for c in $R['contexts'] + $S['contexts']]" "[1, 1, 1]"
     evaluate
     "$SOFTVERBS" port up
     watch=$(timeout 3 "$SOFTVERBS" stat --watch 0.5 "$receiver")

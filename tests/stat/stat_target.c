@@ -9,7 +9,9 @@
  *             is readable); armed solicited-only at the end; an SRQ (max_wr 16) holding 6
  *             receives with limit 4. Before all that (its completion polled): a type 1
  *             memory window bound to [buf2 + 256, +512) of a second MR; an address handle
- *             to its own GID; an XRC domain opened on a file; 4096 bytes of device memory.
+ *             to its own GID; an XRC domain opened on a file; 4096 bytes of device memory;
+ *             its PD and second MR imported into a second context (ibv_import_device on
+ *             its cmd_fd); a thread domain used by a parent domain.
  *   sender:   MR of 8192 bytes; sent 2 messages (completions polled); 3 receives posted; CQ
  *             not armed.
  * Then the receiver prints "EXTRA <mw rkey> <xrcd file>" and
@@ -201,6 +203,17 @@ static void make_extras(struct side *s)
 	struct ibv_alloc_dm_attr dattr = {.length = 4096};
 	if (!ibv_alloc_dm(s->ctx, &dattr))
 		DIE("ibv_alloc_dm");
+	/* The PD and the second MR imported into a second context on the same command fd,
+	 * and a thread domain that a parent domain uses. */
+	struct ibv_context *ctx2 = ibv_import_device(s->ctx->cmd_fd);
+	struct ibv_pd *pd2 = ctx2 ? ibv_import_pd(ctx2, s->pd->handle) : NULL;
+	if (!pd2 || !ibv_import_mr(pd2, mr2->handle))
+		DIE("ibv_import_device/pd/mr");
+	struct ibv_td_init_attr tattr = {0};
+	struct ibv_td *td = ibv_alloc_td(s->ctx, &tattr);
+	struct ibv_parent_domain_init_attr pattr = {.pd = s->pd, .td = td};
+	if (!td || !ibv_alloc_parent_domain(s->ctx, &pattr))
+		DIE("ibv_alloc_td/ibv_alloc_parent_domain");
 	printf("EXTRA %u %s\n", mw->rkey, path);
 }
 

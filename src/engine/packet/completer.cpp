@@ -124,6 +124,7 @@ void PacketQp::on_nak(const Packet& pkt) {
   uint32_t before = psn_add(psn, kPsnMask);  // psn - 1: a NAK acknowledges what precedes it
   if ((pkt.syndrome & 0xe0) == rw::kAethRnrNak) {
     if (rnr_wait_ || !ack_through(before) || sq_.empty()) return;
+    env_.rnr_nak_taken();
     if (rnr_left_ == 0) {
       fail_head(IBV_WC_RNR_RETRY_EXC_ERR);
       return;

@@ -198,4 +198,6 @@ void PacketQp::on_packet(const Packet& pkt, const uint8_t* grh) {
   on_request(pkt, grh);
 }
 
+size_t PacketQp::send_entry_size() { return sizeof(SendEntry); }
+
 }  // namespace softverbs::engine::packet

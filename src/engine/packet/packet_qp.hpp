@@ -192,6 +192,9 @@ class Env {
   // The IETH of a SEND_WITH_INV that arrived: invalidates that R_Key for this QP; false
   // when it cannot (the receive fails, IBA class J). By default nothing can be.
   virtual bool invalidate_rkey(uint32_t /*rkey*/) { return false; }
+  // An RNR NAK this QP's requester took (it waits, then sends again or gives up): for
+  // `softverbs check`'s count of RNR waits. Nothing by default.
+  virtual void rnr_nak_taken() {}
   // XRC TGT: the request being handled names XRC SRQ `srqn` (XRCETH); when it is here,
   // take_receive, resolve_rkey, flush and receive completions use it from now on.
   virtual XrcSrqPlace select_xrc_srq(uint32_t /*srqn*/) { return XrcSrqPlace::kNone; }
@@ -243,6 +246,11 @@ class PacketQp {
   uint32_t next_send_psn() const { return next_psn_; }
   uint32_t expected_psn() const { return epsn_; }
   size_t send_queue_depth() const { return sq_.size(); }
+  // Where `softverbs stat` reads the live PSNs and the send queue (verbs/stat_publish.cpp).
+  const void* next_psn_address() const { return &next_psn_; }
+  const void* expected_psn_address() const { return &epsn_; }
+  const void* send_queue_address() const { return &sq_; }
+  static size_t send_entry_size();
 
  private:
   // A send WQE while the send queue holds it: its PSN range and progress.
