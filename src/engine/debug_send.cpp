@@ -15,6 +15,7 @@
 
 #include "core/core.hpp"
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "engine/tm.hpp"
 
 namespace softverbs::engine {
@@ -81,6 +82,13 @@ std::optional<bool> run_wqe_wire_faults(Qp* qp, SendWqe& w, int st) {
     return false;
   }
   if (d.fail) {
+    // Completions come in WQE order: the WQEs already on the wire complete first (their
+    // ACKs), then this one fails. Looked at again each millisecond.
+    if (roce_in_flight(qp)) {
+      qp->retry_at = Clock::now() + std::chrono::milliseconds(1);
+      schedule_kick(qp->qpn(), qp->retry_at);
+      return false;
+    }
     --d.fail;
     if (d.fail_status == IBV_WC_FATAL_ERR) raise_qp_event(qp, IBV_EVENT_QP_FATAL);
     return complete(qp, w, Outcome{Outcome::Error, d.fail_status}, st);
