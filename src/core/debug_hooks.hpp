@@ -24,8 +24,6 @@ struct QpDebug {
   // Each counter is the number of coming work requests / messages the fault still applies to.
   uint32_t fail = 0;               // complete with fail_status, as the NIC reports it
   ibv_wc_status fail_status = IBV_WC_GENERAL_ERR;
-  uint32_t rnr = 0;                // the peer has no receive: RNR NAK
-  int rnr_timer = -1;              // its min_rnr_timer code; -1: this QP's own
   uint32_t drop = 0;               // lost on the way (RC: retransmitted after the timeout)
   uint32_t delay = 0;              // held back delay_ms before it goes
   uint32_t delay_ms = 0;
@@ -37,11 +35,22 @@ struct QpDebug {
   uint32_t psn = 0;
   uint32_t last_psns = 0;  // PSNs the last request took (a duplicate reuses them)
   uint32_t msn = 0;
-  bool any_fault() const { return fail || rnr || drop || delay || dup; }
+  bool any_fault() const { return fail || drop || delay || dup; }
   // A QP whose peer is on another host: its next datagrams lost or sent twice on the wire
   // (engine/roce.cpp's send_packet, under the link's lock, not sq_mu).
   std::atomic<uint32_t> wire_drop{0};
   std::atomic<uint32_t> wire_dup{0};
+  // ---- responder faults (engine/debug_respond.cpp, the RoCE link's responder): what this
+  // QP does with the requests that reach it, same host or wire. Armed by the watcher
+  // thread, spent by whichever thread runs the responder: atomics, no lock.
+  std::atomic<uint32_t> resp_rnr{0};      // the next messages that need a receive find none
+  std::atomic<int> resp_rnr_timer{-1};    // the RNR NAK's timer code; -1: min_rnr_timer
+  std::atomic<uint32_t> resp_fail{0};     // the next requests fail here with resp_status:
+  std::atomic<int> resp_status{0};        // REM_* (NAKed) or LOC_LEN/LOC_PROT (a receive)
+  bool responder_faults() const {
+    return resp_rnr.load(std::memory_order_relaxed) || resp_fail.load(std::memory_order_relaxed);
+  }
+  // ---- end responder faults
 };
 
 // Takes one from a wire counter; false when it was 0.

@@ -2,7 +2,9 @@
 // NAK: the responder's min_rnr_timer and the QP's rnr_retry; no answer: the QP's timeout and
 // retry_cnt) or an error (the QP to SQE or ERR, what follows flushed); also the flushes and
 // error moves every role needs.
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "engine/engine.hpp"
 #include "core/errors.hpp"
@@ -132,6 +134,15 @@ void flush(Qp* qp) {
     std::lock_guard<QueueMutex> lock(qp->sq_mu);
     if (qp->state.load() == IBV_QPS_ERR || qp->state.load() == IBV_QPS_SQE)
       flush_send_queue_locked(qp);
+  }
+  // The receive completion of the error that took the QP to ERR may still be held back by
+  // the agent thread that answered it (defer_completions): the flushes must not overtake
+  // it. As complete_tm_work waits, bounded (the agent lets go within microseconds).
+  if (!completions_deferred()) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (qp->recv_cq->held_back.load(std::memory_order_acquire) != 0 &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
   }
   std::lock_guard<QueueMutex> lock(qp->rq_mu);
   // Checked under the lock: a reset and new receives may have come in meanwhile.

@@ -4,8 +4,6 @@
 //  - fail:  completes with the chosen status; the completer moves the QP on as for any such
 //           error (RC: ERR, the rest flushed; UC/UD: SQE); IBV_WC_FATAL_ERR also raises
 //           IBV_EVENT_QP_FATAL, as a catastrophic work queue error does;
-//  - rnr:   a message that consumes a receive is answered with an RNR NAK: the completer
-//           waits the min_rnr_timer and retries while rnr_retry lasts;
 //  - drop:  the request is lost: RC retransmits after the QP's timeout while retry_cnt
 //           lasts (then IBV_WC_RETRY_EXC_ERR); UC/UD complete and the peer gets nothing;
 //  - delay: the request leaves delay_ms later;
@@ -17,21 +15,12 @@
 
 #include "core/core.hpp"
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "engine/tm.hpp"
 
 namespace softverbs::engine {
 
 namespace {
-
-bool consumes_receive(ibv_wr_opcode op) {
-  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
-         op == IBV_WR_RDMA_WRITE_WITH_IMM;
-}
-
-uint8_t own_min_rnr_timer(Qp* qp) {
-  std::lock_guard<std::mutex> lock(qp->attr_mu);
-  return qp->attr.min_rnr_timer;
-}
 
 // The outcome the armed faults give this attempt; nullopt: none applies, run it.
 std::optional<Outcome> injected(Qp* qp, const SendWqe& w) {
@@ -43,11 +32,6 @@ std::optional<Outcome> injected(Qp* qp, const SendWqe& w) {
   }
   if (is_local_op(w.opcode)) return std::nullopt;  // nothing goes on the wire
   const bool reliable = qp->type == IBV_QPT_RC || qp->type == IBV_QPT_XRC_SEND;
-  if (d.rnr && reliable && consumes_receive(w.opcode)) {
-    --d.rnr;
-    uint8_t timer = d.rnr_timer >= 0 ? uint8_t(d.rnr_timer) : own_min_rnr_timer(qp);
-    return Outcome{Outcome::RnrNak, IBV_WC_SUCCESS, timer};
-  }
   if (d.drop) {
     --d.drop;
     // Unreliable transports never learn of the loss: the WQE completes as sent.
@@ -81,6 +65,35 @@ bool run_wqe_debug(Qp* qp, SendWqe& w, int st) {
   bool done = complete(qp, w, o, st);
   if (done) d.head_delayed = false;
   return done;
+}
+
+std::optional<bool> run_wqe_wire_faults(Qp* qp, SendWqe& w, int st) {
+  QpDebug& d = qp->debug;
+  if (w.tm.kind != TmWork::kNone || is_local_op(w.opcode)) return std::nullopt;
+  if (d.head_delayed) {  // its delay is over: it goes now
+    d.head_delayed = false;
+    return std::nullopt;
+  }
+  if (d.delay) {
+    --d.delay;
+    d.head_delayed = true;
+    qp->retry_at = Clock::now() + std::chrono::milliseconds(d.delay_ms);
+    schedule_kick(qp->qpn(), qp->retry_at);
+    return false;
+  }
+  if (d.fail) {
+    // Completions come in WQE order: the WQEs already on the wire complete first (their
+    // ACKs), then this one fails. Looked at again each millisecond.
+    if (roce_in_flight(qp)) {
+      qp->retry_at = Clock::now() + std::chrono::milliseconds(1);
+      schedule_kick(qp->qpn(), qp->retry_at);
+      return false;
+    }
+    --d.fail;
+    if (d.fail_status == IBV_WC_FATAL_ERR) raise_qp_event(qp, IBV_EVENT_QP_FATAL);
+    return complete(qp, w, Outcome{Outcome::Error, d.fail_status}, st);
+  }
+  return std::nullopt;
 }
 
 }  // namespace softverbs::engine

@@ -34,6 +34,24 @@ bool run_wqe(Qp* qp, SendWqe& w, int st);
 // run_wqe when `softverbs inject` or `softverbs trace` is in use (debug_send.cpp): the
 // QP's injected faults first, then the WQE as run_wqe runs it, recorded in the trace.
 bool run_wqe_debug(Qp* qp, SendWqe& w, int st);
+// ---- responder faults of `softverbs inject` (debug_respond.cpp), taken by both responders
+// once per request while debug hooks are armed.
+struct ResponderFault {
+  enum Kind { kNone, kRnr, kNak, kReceive } kind = kNone;
+  uint8_t rnr_timer = 0;                            // kRnr
+  ibv_wc_status requester_status = IBV_WC_SUCCESS;  // kNak, kReceive: the NAK's status
+  ibv_wc_status recv_status = IBV_WC_SUCCESS;       // kReceive: the receive's completion
+  int event = -1;                                   // the QP's async event as it goes to ERR
+};
+// The fault the next request of QP `t` meets (`needs_receive`: it consumes a receive).
+ResponderFault take_responder_fault(Qp* t, bool needs_receive, uint8_t min_rnr_timer);
+// A kReceive fault that found no receive (the message is RNR NAKed instead): armed again.
+void give_back_responder_fault(Qp* t);
+bool consumes_receive(ibv_wr_opcode op);
+// ---- end responder faults
+// The same for a connected QP on the wire, before roce_post (debug_send.cpp): its `fail`
+// and `delay`; nullopt: none applies, send it.
+std::optional<bool> run_wqe_wire_faults(Qp* qp, SendWqe& w, int st);
 // Writes a same-host exchange to the trace (trace_shm.cpp): the request packets of `w` and
 // what the responder answered (`o`); `resend`: the same request again (a duplicate), with
 // the PSNs of the last one. Caller holds qp->sq_mu.

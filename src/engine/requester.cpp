@@ -136,6 +136,11 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
     if (here.kind == Outcome::Ack && roce_post(qp, w)) return true;
     return complete(qp, w, here, st);
   }
+  // ---- `softverbs inject` on a connected QP of the wire: fail and delay act on the WQE
+  // before it becomes packets (drop and dup on its datagrams, in the link)
+  if (debug_hooks_armed() && qp->type != IBV_QPT_UD && qp->roce.load(std::memory_order_relaxed))
+    if (std::optional<bool> done = run_wqe_wire_faults(qp, w, st)) return *done;
+  // ---- end
   // To another host: the WQE goes out as RoCE v2 packets and completes through the link.
   if (roce_post(qp, w)) return true;
   if (debug_hooks_armed()) return run_wqe_debug(qp, w, st);

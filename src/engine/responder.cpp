@@ -235,6 +235,39 @@ Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 
+// ---- responder faults of `softverbs inject`: the one the request meets, as the same
+// responder would have met the real thing; nullopt: none, run it.
+std::optional<Outcome> injected_response(const wire::Request& req, Qp* t, const TargetAttrs& ta) {
+  const bool needs_receive = consumes_receive(req.opcode);
+  const ResponderFault f = take_responder_fault(t, needs_receive, ta.min_rnr_timer);
+  switch (f.kind) {
+    case ResponderFault::kNone:
+      return std::nullopt;
+    case ResponderFault::kRnr:
+      return Outcome{Outcome::RnrNak, IBV_WC_SUCCESS, f.rnr_timer};
+    case ResponderFault::kNak:
+      set_error(t, f.event);
+      return Outcome{Outcome::Error, f.requester_status};
+    case ResponderFault::kReceive:
+      break;
+  }
+  const Target tg(t);
+  RecvQueue rq(tg);
+  if (rq.empty()) {  // no receive to fail: the message meets the RNR it would anyway
+    give_back_responder_fault(t);
+    return std::nullopt;
+  }
+  ibv_wc wc{};
+  wc.wr_id = rq.front().wr_id;
+  wc.qp_num = tg.qpn;
+  wc.src_qp = req.src_qpn;
+  wc.opcode = req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  rq.consume();
+  return receive_fault(tg, &wc,
+                       f.recv_status == IBV_WC_LOC_LEN_ERR ? Fault::RecvTooSmall : Fault::RecvProtection);
+}
+// ---- end responder faults
+
 // FLUSH (IBA 1.5): it needs the flush access of its placement type from the QP and the MR.
 Outcome run_request(const wire::Request& req, const Target& tg, const TargetAttrs& ta);
 Outcome forward_xrc(const wire::Request& req, Qp* t, const TargetAttrs& ta);
@@ -280,6 +313,11 @@ Outcome respond(const wire::Request& req, Qp* t) {
       raise_qp_event(t, IBV_EVENT_COMM_EST);
     }
   }
+
+  // ---- responder faults of `softverbs inject` (debug_respond.cpp)
+  if (debug_hooks_armed() && t->type == IBV_QPT_RC && t->debug.responder_faults())
+    if (auto o = injected_response(req, t, ta)) return *o;
+  // ---- end responder faults
 
   // XRC: the message names an XRC SRQ, which must be one of the TGT QP's domain (else
   // the NAK an invalid request gets). It stays findable until we are done. One of

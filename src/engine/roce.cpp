@@ -605,6 +605,32 @@ struct RoceLink final : packet::Env {
     if (check_hooks::rnr_wait) check_hooks::rnr_wait(qp);
   }
 
+  // ---- `softverbs inject`'s responder faults (debug_respond.cpp) in the packets' terms
+  packet::InjectedFault responder_fault(bool needs_receive, uint8_t min_rnr_timer) override {
+    packet::InjectedFault out;
+    if (!qp->debug.responder_faults()) return out;
+    const ResponderFault f = take_responder_fault(qp, needs_receive, min_rnr_timer);
+    const auto nak = [](ibv_wc_status s) -> uint8_t {
+      return s == IBV_WC_REM_ACCESS_ERR    ? rw::kNakRemoteAccessError
+             : s == IBV_WC_REM_INV_REQ_ERR ? rw::kNakInvalidRequest
+                                           : rw::kNakRemoteOperationalError;
+    };
+    if (f.event >= 0) out.event = static_cast<ibv_event_type>(f.event);
+    switch (f.kind) {
+      case ResponderFault::kNone: break;
+      case ResponderFault::kRnr: out.kind = packet::InjectedFault::kRnr; out.code = f.rnr_timer; break;
+      case ResponderFault::kNak: out.kind = packet::InjectedFault::kNak; out.code = nak(f.requester_status); break;
+      case ResponderFault::kReceive:
+        out.kind = packet::InjectedFault::kReceive;
+        out.code = nak(f.requester_status);
+        out.recv_status = f.recv_status;
+        break;
+    }
+    return out;
+  }
+  void give_back_fault() override { give_back_responder_fault(qp); }
+  // ---- end
+
   bool invalidate_rkey(uint32_t rkey) override {
     return access_pd() && MrTable::instance().invalidate(rkey, access_pd(), qp->qpn(), true);
   }

@@ -85,6 +85,9 @@ uint32_t receive_capacity(Qp* t, RecvWqe& r) {
 
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   if (t->type == IBV_QPT_UD) return open_ud_window(t, peer_qpn, peer_pid);  // shm_ud.cpp
+  // ---- responder faults of `softverbs inject`: every request must reach the responder
+  if (debug_hooks_armed() && t->debug.responder_faults()) return 0;
+  // ---- end responder faults
   wire::Arena* arena = wire::Arena::self();
   if (!arena || t->srq || (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset) return 0;
   {

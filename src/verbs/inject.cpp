@@ -3,12 +3,15 @@
 // thread (control.cpp), applied as the hardware fault it stands for, and answered in
 // inject-reply.<pid> ("<token> ok: ..." or "<token> error: ..."). The file comes from
 // anyone who can write the directory: every field is checked, nothing is trusted.
-//   fail n=N status=S [qp=Q]   the next N send WRs complete with IBV_WC_S (name or number)
+//   fail n=N status=S [qp=Q]   the next N send WRs complete with IBV_WC_S (name or number);
+//                              S = REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR: the QP's
+//                              responder fails its next N requests so (debug_respond.cpp)
+//   fail side=recv status=LOC_LEN_ERR|LOC_PROT_ERR n=N [qp=Q]  its next N receives so
 //   qp-error [qp=Q]            the QP to ERR with IBV_EVENT_QP_FATAL
 //   cq-overrun [qp=Q] [cq=send|recv]  the QP's CQ (all CQs without qp) overruns
-//   rnr n=N [qp=Q] [timer=T]   the next N messages that need a receive are RNR NAKed
+//   rnr n=N [qp=Q] [timer=T]   the next N messages that arrive needing a receive find none
 //   drop|dup n=N [qp=Q]        the next N messages (wire: datagrams) lost / doubled
-//   delay n=N ms=T [qp=Q]      the next N messages leave T ms late (same host)
+//   delay n=N ms=T [qp=Q]      the next N messages leave T ms late
 //   link-down ms=T             this process's port down for T ms (PORT_ERR, PORT_ACTIVE)
 #include "verbs/inject.hpp"
 
@@ -85,6 +88,12 @@ const std::map<std::string, ibv_wc_status>& status_names() {
   return *names;
 }
 
+std::string status_name(ibv_wc_status s) {
+  for (const auto& [name, status] : status_names())
+    if (status == s) return name;
+  return std::to_string(int(s));
+}
+
 bool parse_number(const std::string& s, uint64_t max, uint64_t* out) {
   if (s.empty() || s.size() > 12) return false;
   char* end = nullptr;
@@ -101,6 +110,7 @@ struct Request {
   int timer = -1;
   ibv_wc_status status = IBV_WC_GENERAL_ERR;
   bool recv_cq = false;
+  bool recv_side = false;  // fail side=recv: the QP's next receives fail
 };
 
 // "<token> <kind> key=value ..." into *r; the reason when it is not one.
@@ -119,6 +129,7 @@ std::string parse(const std::string& line, Request* r) {
     else if (key == "ms" && parse_number(value, 3600000, &v)) r->ms = v;
     else if (key == "timer" && parse_number(value, 31, &v)) r->timer = int(v);
     else if (key == "cq" && (value == "send" || value == "recv")) r->recv_cq = value == "recv";
+    else if (key == "side" && (value == "send" || value == "recv")) r->recv_side = value == "recv";
     else if (key == "status") {
       std::string name = value;
       for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
@@ -134,6 +145,9 @@ std::string parse(const std::string& line, Request* r) {
     }
   }
   if (r->kind == "fail" && !status_given) return "fail needs status=";
+  const bool recv_status = r->status == IBV_WC_LOC_LEN_ERR || r->status == IBV_WC_LOC_PROT_ERR;
+  if (r->kind == "fail" && r->recv_side && !recv_status)
+    return "a receive fails with LOC_LEN_ERR or LOC_PROT_ERR";
   return {};
 }
 
@@ -153,30 +167,60 @@ std::string hex(uint32_t qpn) {
   return b;
 }
 
-// Arms a send-queue fault on each named QP; the reply text.
+// Whether the request is for the QP's responder (debug_respond.cpp): `rnr`, and `fail`
+// with a status only a responder detects (REM_*) or with --recv (side=recv).
+bool for_responder(const Request& r) {
+  return r.kind == "rnr" || (r.kind == "fail" && (r.recv_side || r.status == IBV_WC_REM_ACCESS_ERR ||
+                                                  r.status == IBV_WC_REM_INV_REQ_ERR ||
+                                                  r.status == IBV_WC_REM_OP_ERR));
+}
+
+// A responder fault on each named RC QP: its next requests meet it; the reply text.
+std::string arm_responder(const Request& r, const std::vector<uint32_t>& qpns) {
+  std::string armed;
+  for (uint32_t qpn : qpns) {
+    wire::QpRef ref = wire::find_local(qpn);
+    Qp* qp = ref.get();
+    if (!qp || qp->type != IBV_QPT_RC) continue;  // RC alone answers with NAKs
+    QpDebug& d = qp->debug;
+    if (r.kind == "rnr") {
+      d.resp_rnr_timer.store(r.timer);
+      d.resp_rnr.store(uint32_t(r.n));
+    } else {
+      d.resp_status.store(int(r.status));
+      d.resp_fail.store(uint32_t(r.n));
+    }
+    const bool wire_qp = qp->roce.load() != nullptr;
+    // Same host: the peer's requester reaches this responder through the agent only from
+    // now on (its window would take SENDs, its shared MR pages WRITEs, past it).
+    if (!wire_qp) engine::close_window(qp, true);
+    armed += (armed.empty() ? "" : ",") + hex(qpn) + (wire_qp ? "(wire)" : "");
+  }
+  if (armed.empty()) return "error: no RC QP" + (r.qpn ? " numbered " + hex(r.qpn) : "");
+  std::string what = r.kind == "rnr" ? "rnr" : "fail " + status_name(r.status);
+  return "ok: " + what + " x" + std::to_string(r.n) + " armed on the responder of QP " + armed;
+}
+
+// Arms a send-queue fault on each named QP (or a responder fault); the reply text.
 std::string arm(const Request& r) {
   std::vector<uint32_t> qpns = target_qpns(r.qpn);
   if (qpns.empty()) return r.qpn ? "error: no QP " + hex(r.qpn) + " in this process" : "error: no QP";
   g_debug_hooks.store(true);  // from now on the send path looks at the counters
+  if (for_responder(r)) return arm_responder(r, qpns);
   const uint32_t n = uint32_t(r.n);
-  std::string armed, refused;
+  std::string armed;
   for (uint32_t qpn : qpns) {
     wire::QpRef ref = wire::find_local(qpn);
     Qp* qp = ref.get();
     if (!qp) continue;
     std::lock_guard<QueueMutex> lock(qp->sq_mu);
     QpDebug& d = qp->debug;
+    // A connected QP whose peer is on another host (engine/requester.cpp, roce.cpp): drop
+    // and dup act on its datagrams, fail and delay on its WQEs before they go out.
     const bool wire_qp = qp->roce.load() && qp->type != IBV_QPT_UD;
-    if (wire_qp && r.kind != "drop" && r.kind != "dup") {
-      refused = hex(qpn);
-      continue;  // a same-host fault: the process's other QPs may still take it
-    }
     if (r.kind == "fail") {
       d.fail = n;
       d.fail_status = r.status;
-    } else if (r.kind == "rnr") {
-      d.rnr = n;
-      d.rnr_timer = r.timer;
     } else if (r.kind == "drop") {
       if (wire_qp) d.wire_drop.store(n);
       else d.drop = n;
@@ -189,8 +233,6 @@ std::string arm(const Request& r) {
     }
     armed += (armed.empty() ? "" : ",") + hex(qpn) + (wire_qp ? "(wire)" : "");
   }
-  if (armed.empty())
-    return "error: QP " + refused + " talks to another host: only drop and dup act on the wire";
   return "ok: " + r.kind + " x" + std::to_string(n) + " armed on QP " + armed;
 }
 

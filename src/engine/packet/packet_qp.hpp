@@ -165,6 +165,18 @@ struct XrcVerdict {
   std::optional<ibv_event_type> event;  // kNak: raised as the QP goes to ERR
 };
 
+// ---- `softverbs inject`'s responder faults (engine/debug_respond.cpp): what the next
+// request meets at this responder. kRnr: an RNR NAK with timer `code`; kNak: NAK `code`
+// and ERR with `event`; kReceive: it takes a receive that completes with recv_status,
+// NAK `code`, ERR without event.
+struct InjectedFault {
+  enum Kind : uint8_t { kNone, kRnr, kNak, kReceive } kind = kNone;
+  uint8_t code = 0;
+  std::optional<ibv_event_type> event;
+  ibv_wc_status recv_status = IBV_WC_SUCCESS;
+};
+// ---- end responder faults
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -202,6 +214,13 @@ class Env {
   // acknowledged before it returns.
   virtual XrcVerdict xrc_forward(const XrcAway& /*op*/) { return {XrcVerdict::kNak, wire::roce::kNakInvalidRequest, {}};
   }
+  // ---- `softverbs inject`: the responder fault the next request meets (asked only while
+  // debug hooks are armed), and one kReceive fault handed back when no receive was there.
+  virtual InjectedFault responder_fault(bool /*needs_receive*/, uint8_t /*min_rnr_timer*/) {
+    return {};
+  }
+  virtual void give_back_fault() {}
+  // ---- end
 };
 
 // Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
@@ -325,6 +344,7 @@ class PacketQp {
   void send_ack(uint8_t syndrome, uint32_t psn);
   void responder_fatal(uint8_t nak_code, uint32_t psn, std::optional<ibv_event_type> event);
   void drop_message();
+  bool inject_fault(const Packet& pkt, uint8_t op);  // `softverbs inject`: true if it took it
 
   Env& env_;
   const QpType type_;

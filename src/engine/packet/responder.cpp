@@ -12,6 +12,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/debug_hooks.hpp"
 #include "engine/packet/packet_qp.hpp"
 #include "wire/roce/grh.hpp"
 
@@ -144,6 +145,8 @@ void PacketQp::execute(const Packet& pkt) {
     }
     return;
   }
+  // `softverbs inject`: a new message may meet a fault armed on this responder.
+  if (rc && in_msg_ == InMessage::kNone && debug_hooks_armed() && inject_fault(pkt, op)) return;
   if (xrc_away_ || away_active_) {
     do_away(pkt, op);
     return;
@@ -622,6 +625,34 @@ bool PacketQp::finish_away(const Packet& pkt, const XrcVerdict& v, bool single) 
   if (single) drop_message();  // the retried ONLY starts afresh
   return false;
 }
+
+// ---- `softverbs inject`'s responder faults, as the real ones are answered above.
+bool PacketQp::inject_fault(const Packet& pkt, uint8_t op) {
+  const uint32_t psn = pkt.psn & kPsnMask;
+  const bool write_imm = op == rw::kWriteOnlyImm;
+  const InjectedFault f = env_.responder_fault(is_send_op(op) || write_imm, min_rnr_timer_);
+  switch (f.kind) {
+    case InjectedFault::kNone:
+      return false;
+    case InjectedFault::kRnr:
+      send_ack(rw::kAethRnrNak | (f.code & 0x1f), psn);
+      return true;
+    case InjectedFault::kNak:
+      responder_fatal(f.code, psn, f.event);
+      return true;
+    case InjectedFault::kReceive:
+      break;
+  }
+  if (!hold_receive({pkt.payload, pkt.payload_len})) {  // none to fail: the RNR it meets anyway
+    env_.give_back_fault();
+    return false;
+  }
+  complete_receive(f.recv_status, write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV, 0,
+                   nullptr, dest_qpn_, 0);
+  responder_fatal(f.code, psn, std::nullopt);
+  return true;
+}
+// ---- end
 
 void PacketQp::send_ack(uint8_t syndrome, uint32_t psn) {
   Packet r;
