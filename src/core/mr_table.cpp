@@ -26,6 +26,10 @@ uint32_t MrTable::take_slot() {
   if (base != base_) {
     base_ = base;
     note_change();
+    // A forked child's published table is its own arena's, made anew on first use (the
+    // inherited pointer is into its parent's).
+    shared_ = nullptr;
+    shared_offset_ = 0;
   }
   uint32_t index;
   if (!free_.empty()) {
@@ -112,8 +116,9 @@ uint64_t MrTable::shared_offset() {
     shared_offset_ = off;
     shared_ = arena->published_at<wire::MrShared>(off);
     for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i) {
-      if (Mr* mr = slots_[i]) write_shared_entry(mr);
-      if (Mw* mw = windows_[i]) {
+      // Only our own keys: a forked child's inherited MRs name nothing here.
+      if (Mr* mr = slots_[i]; mr && (mr->ibv.lkey >> 8) - base_ == i) write_shared_entry(mr);
+      if (Mw* mw = windows_[i]; mw && (mw->rkey >> 8) - base_ == i) {
         std::lock_guard<SpinLock> g(mw->mu);
         publish_window(mw);
       }

@@ -19,6 +19,8 @@
  *  - a QP of B on the imported PD SENDs from the imported lkey (A's bytes) into an MR B
  *    registered on the imported PD, and RDMA WRITEs through the imported rkey (B's responder
  *    resolves it) into A's memory, which A then checks;
+ *  - A's QP, connected to a QP of B on the imported PD, WRITEs and READs A's memory through
+ *    the rkey B imported (B's responder resolves it; a key B did not import: REM_ACCESS_ERR);
  *  - an MR A deregisters stops resolving in B (LOC_PROT_ERR); B's ibv_dereg_mr of an import
  *    destroys A's MR (A's own dereg then only frees it);
  *  - an exporter that dies: E (B's child) exports an MR; after E exits, B's imported key
@@ -104,6 +106,18 @@ static void b_traffic(struct ibv_context *ctx, struct ibv_pd *ipd, struct ibv_mr
 	sv_expect_wc(p.scq[1], 3, IBV_WC_SUCCESS, p.qp[1], &wc);
 	sv_pair_destroy(&p);
 	sv_free_mr(own);
+}
+
+/* An RC QP on d's PD connected to the other process's (both sides call it). */
+static struct ibv_qp *remote_qp(struct sv_dev *d, struct ibv_cq **cq)
+{
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	*cq = sv_create_cq(d, 8, NULL, NULL);
+	struct ibv_qp *qp = sv_create_qp(d, &cfg, *cq, *cq, NULL, NULL);
+	uint32_t peer = sv_trade_qpn(sock, qp);
+	sv_connect_remote(qp, d, &cfg, peer, NULL, 0, 0, 0);
+	return qp;
 }
 
 /* Posts one SEND from (addr, lkey) on a fresh pair of the imported PD: its status. */
@@ -221,6 +235,20 @@ static void peer(int s)
 	b_traffic(ctx, ipd, imr, h.addr);
 	sv_say(sock, 1); /* A checks the write */
 	CHECK_EQ(sv_hear(sock), 2);
+	sv_step("B: a QP on the imported PD that A's QP WRITEs and READs through");
+	struct sv_dev bd;
+	memset(&bd, 0, sizeof(bd));
+	bd.ctx = ctx;
+	bd.pd = ipd;
+	CHECK_OK(ibv_query_device(ctx, &bd.dev_attr));
+	CHECK_OK(ibv_query_port(ctx, 1, &bd.port_attr));
+	bd.gid_index = sv_gid_index();
+	CHECK_OK(ibv_query_gid(ctx, 1, bd.gid_index, &bd.gid));
+	struct ibv_cq *bcq;
+	struct ibv_qp *bqp = remote_qp(&bd, &bcq);
+	CHECK_EQ(sv_hear(sock), 6);
+	CHECK_OK(ibv_destroy_qp(bqp));
+	CHECK_OK(ibv_destroy_cq(bcq));
 	sv_step("B: A deregistered mr2: its import stops resolving");
 	struct ibv_mr *imr2 = ibv_import_mr(ipd, h.mr2);
 	CHECK(imr2);
@@ -368,6 +396,27 @@ int main(void)
 	for (int i = 0; i < MSG; i++)
 		CHECK_EQ(sv_ptr(send_mr, MSG)[i], 0xc3); /* B's write through the import */
 	sv_say(sock, 2);
+	sv_step("A: WRITE and READ through send_mr's rkey at B's QP (B resolves its import)");
+	struct ibv_cq *acq;
+	struct ibv_qp *aqp = remote_qp(&d, &acq);
+	memset(sv_ptr(recv_mr, 0), 0x77, MSG);
+	CHECK_OK(sv_post_rdma(aqp, 7, IBV_WR_RDMA_WRITE, recv_mr, 0, MSG, IBV_SEND_SIGNALED,
+			      sv_addr(send_mr, 2 * MSG), send_mr->rkey));
+	sv_expect_wc(acq, 7, IBV_WC_SUCCESS, aqp, &wc);
+	for (int i = 0; i < MSG; i++)
+		CHECK_EQ(sv_ptr(send_mr, 2 * MSG)[i], 0x77);
+	CHECK_OK(sv_post_rdma(aqp, 8, IBV_WR_RDMA_READ, recv_mr, 2 * MSG, MSG, IBV_SEND_SIGNALED,
+			      sv_addr(send_mr, 0), send_mr->rkey));
+	sv_expect_wc(acq, 8, IBV_WC_SUCCESS, aqp, &wc);
+	for (int i = 0; i < MSG; i++)
+		CHECK_EQ(sv_ptr(recv_mr, 2 * MSG)[i], 0x5a);
+	/* A key B did not import: B's responder refuses it. */
+	CHECK_OK(sv_post_rdma(aqp, 9, IBV_WR_RDMA_WRITE, recv_mr, 0, MSG, IBV_SEND_SIGNALED,
+			      sv_addr(recv_mr, 0), recv_mr->rkey));
+	sv_expect_wc(acq, 9, IBV_WC_REM_ACCESS_ERR, aqp, &wc);
+	sv_say(sock, 6);
+	CHECK_OK(ibv_destroy_qp(aqp));
+	CHECK_OK(ibv_destroy_cq(acq));
 	CHECK_EQ(sv_hear(sock), 3);
 	sv_free_mr(mr2);
 	sv_say(sock, 4);
