@@ -95,12 +95,20 @@ class MrTable {
   void erase(uint32_t key);
   // Frees an MR's key unless memory windows are bound to it (false then: EBUSY).
   bool erase_unbound(Mr* mr);
-  // Under lock(): the MR with this key, or nullptr.
+  // Under lock(): the MR with this key, or nullptr. Our keys carry our registry slot
+  // (wire::key_index): a key of another slot falls out of our range with one subtraction,
+  // and only then are the MRs imported from other processes looked at.
   Mr* find(uint32_t key) const {
-    uint32_t index = key >> 8;
-    if (index == 0 || index >= slots_.size() || generation_[index] != (key & 0xff)) return nullptr;
+    uint32_t index = (key >> 8) - base_;
+    if (index >= slots_.size()) [[unlikely]]
+      return imported_.empty() ? nullptr : find_imported(key);
+    if (index == 0 || generation_[index] != (key & 0xff)) return nullptr;
     return slots_[index];
   }
+  // MRs imported from another process (ibv_import_mr(3), verbs/import.cpp): their keys are
+  // the exporter's. They resolve while the exporter's MR exists and the exporter lives.
+  void insert_imported(Mr* mr);
+  void erase_imported(Mr* mr);
   // Under lock(): bumped under the exclusive lock whenever an MR goes or changes, so a
   // buffer resolved earlier under the same count is still valid (RecvWqe::place).
   uint64_t changes() const { return changes_; }
@@ -131,7 +139,9 @@ class MrTable {
   void invalidate_windows_of(uint32_t qpn);
 
  private:
-  uint32_t take_slot();  // caller holds mu_ exclusively
+  uint32_t take_slot();  // caller holds mu_ exclusively; 0 when every index is taken
+  uint32_t key_of(uint32_t index, uint8_t gen) const { return ((base_ | index) << 8) | gen; }
+  Mr* find_imported(uint32_t key) const;
   void erase_locked(uint32_t key);  // caller holds mu_ exclusively
   void release_binding(Mw* mw);  // caller holds mw->mu; clears its published entry
   void publish_window(const Mw* mw);  // caller holds mw->mu and mu_ (shared or not)
@@ -143,6 +153,8 @@ class MrTable {
   wire::MrShared* shared_ = nullptr;
   uint64_t shared_offset_ = 0;
   mutable ReadMostlyLock mu_;
+  uint32_t base_ = 0;  // our registry slot << kKeySlotShift (taken anew in a forked child)
+  std::vector<Mr*> imported_;  // other processes' MRs (ibv_import_mr), a handful at most
   std::vector<Mr*> slots_{nullptr};
   std::vector<Mw*> windows_{nullptr};  // the same slots, for memory windows
   std::vector<Mw*> type2_windows_;     // the type 2 ones among them (under mu_)

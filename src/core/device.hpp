@@ -34,8 +34,10 @@ struct Limits {
   static constexpr int max_mcast_qp_attach = 1024;    // QPs per group
   static constexpr int max_cq = 1 << 16;
   static constexpr int max_cqe = (1 << 20) - 1;
-  static constexpr int max_mr = 1 << 20;
-  static constexpr int max_mw = 1 << 16;  // windows share the key table with MRs
+  // MRs and windows share the keys of a process: a key's index has kKeySlotShift bits
+  // (the rest name the process, wire/registry.hpp), index 0 unused; both limits hold at once.
+  static constexpr int max_mw = 1 << 12;
+  static constexpr int max_mr = (1 << wire::kKeySlotShift) - 1 - max_mw;
   static constexpr int max_pd = 1 << 16;
   // rxe's (RXE_MAX_QP_RD_ATOM): perftest sets max_rd_atomic to the peer's max_qp_rd_atom,
   // so with a smaller one it cannot connect to rxe (ibv_modify_qp to RTS fails here).

@@ -1,4 +1,5 @@
 // The key table: lkeys/rkeys name MRs; with its copy published for peers on this host.
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 
 #include "core/core.hpp"
 #include "common/verbs_ext.hpp"
+#include "wire/registry.hpp"
 #include "wire/shm/arena.hpp"
 
 namespace softverbs {
@@ -18,12 +20,24 @@ MrTable& MrTable::create() {
 }
 
 uint32_t MrTable::take_slot() {
+  // Keys carry our registry slot; a forked child has a slot of its own, so its new keys do
+  // not collide with its parent's (the inherited ones then name nothing here).
+  const uint32_t base = static_cast<uint32_t>(wire::my_slot()) << wire::kKeySlotShift;
+  if (base != base_) {
+    base_ = base;
+    note_change();
+    // A forked child's published table is its own arena's, made anew on first use (the
+    // inherited pointer is into its parent's).
+    shared_ = nullptr;
+    shared_offset_ = 0;
+  }
   uint32_t index;
   if (!free_.empty()) {
     index = free_.back();
     free_.pop_back();
   } else {
     index = static_cast<uint32_t>(slots_.size());
+    if (index > wire::kKeyIndexMask) return 0;  // every key of this process is taken
     slots_.push_back(nullptr);
     windows_.push_back(nullptr);
     generation_.push_back(0);
@@ -34,10 +48,39 @@ uint32_t MrTable::take_slot() {
 uint32_t MrTable::insert(Mr* mr) {
   std::unique_lock lock(mu_);
   uint32_t index = take_slot();
+  if (index == 0) return 0;
   slots_[index] = mr;
   // The low byte changes on every reuse, so a stale key does not name the new MR.
   uint8_t gen = ++generation_[index];
-  return (index << 8) | gen;
+  return key_of(index, gen);
+}
+
+void MrTable::insert_imported(Mr* mr) {
+  std::unique_lock lock(mu_);
+  imported_.push_back(mr);
+}
+
+void MrTable::erase_imported(Mr* mr) {
+  std::unique_lock lock(mu_);  // waits for operations that found it
+  std::erase(imported_, mr);
+  note_change();
+}
+
+Mr* MrTable::find_imported(uint32_t key) const {
+  for (Mr* mr : imported_)
+    if (mr->ibv.lkey == key) return mr->foreign && mr->foreign->live(key) ? mr : nullptr;
+  return nullptr;
+}
+
+bool ForeignMr::live(uint32_t key) const {
+  if (!entry || entry->key.load(std::memory_order_acquire) != key) return false;  // deregistered
+  pollfd p{pidfd, POLLIN, 0};
+  return pidfd >= 0 && poll(&p, 1, 0) == 0;  // readable: the exporter has exited
+}
+
+ForeignMr::~ForeignMr() {
+  wire::unmap_peer_arena(arena);
+  if (pidfd >= 0) close(pidfd);
 }
 
 void MrTable::erase(uint32_t key) {
@@ -46,7 +89,7 @@ void MrTable::erase(uint32_t key) {
 }
 
 void MrTable::erase_locked(uint32_t key) {
-  uint32_t index = key >> 8;
+  uint32_t index = wire::key_index(key);
   if (index < slots_.size() && slots_[index]) {
     slots_[index] = nullptr;
     free_.push_back(index);
@@ -73,8 +116,9 @@ uint64_t MrTable::shared_offset() {
     shared_offset_ = off;
     shared_ = arena->published_at<wire::MrShared>(off);
     for (uint32_t i = 1; i < slots_.size() && i < wire::kMrTableCap; ++i) {
-      if (Mr* mr = slots_[i]) write_shared_entry(mr);
-      if (Mw* mw = windows_[i]) {
+      // Only our own keys: a forked child's inherited MRs name nothing here.
+      if (Mr* mr = slots_[i]; mr && (mr->ibv.lkey >> 8) - base_ == i) write_shared_entry(mr);
+      if (Mw* mw = windows_[i]; mw && (mw->rkey >> 8) - base_ == i) {
         std::lock_guard<SpinLock> g(mw->mu);
         publish_window(mw);
       }
@@ -89,8 +133,7 @@ void MrTable::publish(const Mr* mr) {
 }
 
 void MrTable::write_shared_entry(const Mr* mr) {
-  uint32_t index = mr->ibv.lkey >> 8;
-  if (index >= wire::kMrTableCap) return;
+  uint32_t index = wire::key_index(mr->ibv.lkey);
   wire::MrShared& e = shared_[index];
   e.key.store(0, std::memory_order_release);  // readers re-check the key after reading
   e.access = mr->access;

@@ -36,11 +36,12 @@ Mw* Mw::from(ibv_mw* m) {
 uint32_t MrTable::insert_window(Mw* mw) {
   std::unique_lock lock(mu_);
   uint32_t index = take_slot();
+  if (index == 0) return 0;
   windows_[index] = mw;
   if (mw->ibv.type == IBV_MW_TYPE_2) type2_windows_.push_back(mw);
   mw->index = index;
   uint8_t gen = ++generation_[index];
-  return (index << 8) | gen;
+  return key_of(index, gen);
 }
 
 void MrTable::erase_window(Mw* mw) {
@@ -95,7 +96,7 @@ ibv_wc_status MrTable::bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn) {
   std::lock_guard<SpinLock> g(mw->mu);
   const bool type2 = mw->ibv.type == IBV_MW_TYPE_2;
   // The new key keeps the window's index: a consumer chooses only its low 8 bits.
-  if ((b.rkey >> 8) != mw->index) return kError;
+  if ((b.rkey >> 8) != (base_ | mw->index)) return kError;
   if (mw->pd->prot != qp_pd->prot) return kError;  // C10-72 (type 2); type 1 binds on a QP of its PD too
   if (type2) {
     if (mw->mr) return kError;                       // o10-37.2.30: bound; invalidate first
@@ -129,7 +130,7 @@ ibv_wc_status MrTable::bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn) {
 }
 
 bool MrTable::invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool remote) {
-  uint32_t index = key >> 8;
+  uint32_t index = (key >> 8) - base_;  // another slot's key: out of range
   Mw* mw = index < windows_.size() ? windows_[index] : nullptr;
   if (!mw) return false;
   std::lock_guard<SpinLock> g(mw->mu);
@@ -142,7 +143,7 @@ bool MrTable::invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool remote) {
 
 bool MrTable::resolve_window(Pd* pd, uint32_t qpn, uint32_t key, uint64_t addr,
                              uint64_t length, unsigned need, iovec* out) const {
-  uint32_t index = key >> 8;
+  uint32_t index = (key >> 8) - base_;  // another slot's key: out of range
   Mw* mw = index < windows_.size() ? windows_[index] : nullptr;
   if (!mw) return false;
   std::lock_guard<SpinLock> g(mw->mu);

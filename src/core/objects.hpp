@@ -80,6 +80,14 @@ struct ContextShared {
   // Imported from a cmd_fd whose context is not in this process: the handles the
   // application has name objects we cannot reach (verbs/import.cpp says why).
   bool foreign = false;
+  // The foreign context's maker: its pid and registry slot (from the cmd_fd's record), and
+  // the cmd_fd's file, which names the context to that process's agent.
+  pid_t exporter_pid = 0;
+  int exporter_slot = 0;
+  uint64_t dev = 0, ino = 0;
+  // The PDs of that process imported here (each the `prot` of its imports), by handle in
+  // `pds`; owned here.
+  std::vector<std::shared_ptr<Pd>> foreign_pds;
 };
 
 struct Context {
@@ -119,7 +127,26 @@ struct Pd {
   // ibv_import_pd(3): this handle stands for `prot`, a PD of a context it was imported
   // from; freeing it frees only this handle (the PD stays in use while any import is).
   bool imported = false;
+  // A PD of another process this one stands for (the `prot` of its imports): that PD's
+  // token in the exporter's published MR entries; 0 for our own PDs.
+  uint64_t foreign_token = 0;
+  // Destroyed through an import (ibv_dealloc_pd(3) of an imported PD): no longer importable;
+  // the application's own ibv_dealloc_pd only frees the struct.
+  bool destroyed = false;
   static Pd* from(ibv_pd* p);
+};
+
+// An MR imported from another process of this host (ibv_import_mr(3), verbs/import.cpp):
+// the exporter's MR memfd mapped here, and what says whether that MR still exists.
+struct ForeignMr {
+  wire::PeerArena arena;                  // the exporter's arena and MR memfd, mapped here
+  const wire::MrShared* entry = nullptr;  // the MR's entry in its published (read-only) table
+  int pidfd = -1;                         // readable once the exporter has exited
+  int slot = 0;                           // the exporter's registry slot
+  // The exporter's MR named by `key` is still registered and the exporter alive
+  // (core/mr_table.cpp): one load and one poll(2), on imported keys only.
+  bool live(uint32_t key) const;
+  ~ForeignMr();
 };
 
 struct Mr {
@@ -144,6 +171,11 @@ struct Mr {
   // ibv_import_mr(3): a handle of another MR (the key table names that one); it holds
   // nothing but its PD's use, and deregistering it only unimports it.
   bool imported = false;
+  // Imported from another process: its memory and liveness (host points into the mapping).
+  std::shared_ptr<ForeignMr> foreign;
+  // The import's ibv_dereg_mr destroyed it (ibv_import_mr(3)): its keys are gone, the
+  // application's own ibv_dereg_mr only frees the struct.
+  bool destroyed = false;
   static Mr* from(ibv_mr* m);
 };
 

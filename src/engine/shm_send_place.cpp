@@ -117,7 +117,7 @@ bool place(Qp* qp, uint32_t dst_qpn, uint32_t opcode, uint32_t flags, uint32_t i
   // An MR deregistered while we copied: the agent answers for that receive (its buffers
   // are gone: LOC_PROT_ERR), as it would have before the copy.
   for (int i = 0; i < n; ++i)
-    if (pw->mr_table[keys[i] >> 8].key.load(std::memory_order_acquire) != keys[i]) return false;
+    if (pw->mr_table[wire::key_index(keys[i])].key.load(std::memory_order_acquire) != keys[i]) return false;
   s->receive = receive;
   window_commit(pw, *s, opcode | wire::kWindowPlaced, flags, imm, len);
   return true;

@@ -81,19 +81,24 @@ int dealloc_pd(Pd* pd) {
     free_parent_domain(pd);
     return 0;
   }
-  if (pd->imported) {  // the kernel would destroy the PD; ours stays with its creator
-    unimport_pd(pd);
-    return 0;
-  }
+  // ibv_import_pd(3): deallocating an import destroys the PD for everyone.
+  if (pd->imported) return dealloc_imported_pd(pd);
   {
     std::lock_guard<std::mutex> lock(pd->ctx->shared->mu);
-    pd->ctx->shared->pds.erase(pd->ibv.handle);
+    destroy_pd_locked(pd);  // or gone already through an import: then the struct only
   }
-  stat::withdraw(pd);
   pd->magic = kDead;
   delete pd;
-  uncount_object(Counted::Pd);
   return 0;
+}
+
+bool destroy_pd_locked(Pd* pd) {
+  if (pd->destroyed) return false;
+  pd->ctx->shared->pds.erase(pd->ibv.handle);
+  pd->destroyed = true;
+  stat::withdraw(pd);
+  uncount_object(Counted::Pd);
+  return true;
 }
 
 int check_mr_access(unsigned access) { return check_access(access); }
@@ -124,6 +129,13 @@ Mr* make_mr(Pd* pd, char* host, void* addr, size_t length, uint64_t iova, unsign
   mr->shm = movable(mr) ? wire::mr_shm_acquire(host, length, &shared) : 0;
   mr->shm_length = shared;
   uint32_t key = MrTable::instance().insert(mr);
+  if (key == 0) {  // every key of this process is taken (MRs and windows share them)
+    if (mr->shm) wire::mr_shm_release(host);
+    delete mr;
+    uncount_object(Counted::Mr);
+    errno = ENOMEM;
+    return nullptr;
+  }
   mr->ibv.handle = key;
   mr->ibv.lkey = key;
   mr->ibv.rkey = key;
@@ -197,11 +209,13 @@ int rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, size_t length, int access) {
   return 0;
 }
 
-int dereg_mr(Mr* mr) {
-  if (mr->imported) {
-    unimport_mr(mr);
-    return 0;
-  }
+std::mutex& mr_destroy_mutex() {
+  static std::mutex* mu = new std::mutex;  // immortal: the agent may destroy during exit()
+  return *mu;
+}
+
+int destroy_mr_locked(Mr* mr) {
+  if (mr->destroyed) return 0;
   // Waits for in-flight operations (shared lock); fails while memory windows are bound to
   // it (ibv_alloc_mw(3): "ibv_dereg_mr() fails if any memory window is still bound to this
   // MR"). EBUSY, as for a PD still in use; rxe answers EINVAL.
@@ -211,9 +225,20 @@ int dereg_mr(Mr* mr) {
   if (mr->dm) mr->dm->mrs--;
   mr->pd->users--;
   stat::withdraw(mr);
+  uncount_object(Counted::Mr);
+  mr->destroyed = true;
+  return 0;
+}
+
+int dereg_mr(Mr* mr) {
+  // ibv_import_mr(3): deregistering an import destroys the MR for everyone.
+  if (mr->imported) return dereg_imported_mr(mr);
+  {
+    std::lock_guard<std::mutex> lock(mr_destroy_mutex());
+    if (int err = destroy_mr_locked(mr)) return err;
+  }
   mr->magic = kDead;
   delete mr;
-  uncount_object(Counted::Mr);
   return 0;
 }
 

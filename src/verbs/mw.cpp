@@ -32,6 +32,12 @@ ibv_mw* alloc_mw(Pd* pd, ibv_mw_type type) {
   mw->ibv.type = type;
   // A type 1 window is valid (unbound) from the start; a type 2 one is free until bound.
   uint32_t key = MrTable::instance().insert_window(mw);
+  if (key == 0) {  // every key of this process is taken (MRs and windows share them)
+    delete mw;
+    uncount_object(Counted::Mw);
+    errno = ENOMEM;
+    return nullptr;
+  }
   mw->rkey = key;
   mw->ibv.rkey = key;
   mw->ibv.handle = key;

@@ -44,6 +44,17 @@ ibv_pd* import_pd(Context* ctx, uint32_t handle);
 void unimport_pd(Pd* pd);
 ibv_mr* import_mr(Pd* pd, uint32_t handle);
 void unimport_mr(Mr* mr);
+// ibv_dereg_mr / ibv_dealloc_pd of an import: the original goes for everyone (in this
+// process or the exporter's), then the import. 0 or an errno value.
+int dereg_imported_mr(Mr* mr);
+int dealloc_imported_pd(Pd* pd);
+// Destroying an original (verbs/mr.cpp) while its struct stays the application's: its keys,
+// pages and counts go; the struct goes with the application's own ibv_dereg_mr /
+// ibv_dealloc_pd. destroy_mr_locked under mr_destroy_mutex(): 0 or EBUSY (windows bound).
+std::mutex& mr_destroy_mutex();
+int destroy_mr_locked(Mr* mr);
+// Under pd->ctx->shared->mu: false when it was destroyed already.
+bool destroy_pd_locked(Pd* pd);
 // Frees unimported PDs whose last user (a QP, SRQ, AH, MR made on them) is gone.
 void sweep_unimported_pds();
 // Writes the record import_device reads into a new context's cmd_fd; false + errno.

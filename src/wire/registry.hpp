@@ -25,6 +25,13 @@ int my_slot();
 // The process registered in `slot`, or 0.
 pid_t slot_owner(int slot);
 inline int slot_of_qpn(uint32_t qpn) { return static_cast<int>(qpn >> kQpnSlotShift); }
+// MR and memory window keys are host-wide, as a kernel's are for every process of one
+// uverbs file (ibv_import_mr(3)): key = ((slot << kKeySlotShift) | index) << 8 | generation,
+// so a key imported from another process never equals one of ours.
+inline constexpr int kKeySlotShift = 14;
+inline constexpr uint32_t kKeyIndexMask = (1u << kKeySlotShift) - 1;
+inline int slot_of_key(uint32_t key) { return static_cast<int>(key >> (8 + kKeySlotShift)); }
+inline uint32_t key_index(uint32_t key) { return (key >> 8) & kKeyIndexMask; }
 // Flags a process publishes in its slot (cleared when the slot is claimed anew).
 inline constexpr uint32_t kSlotHasGsi = 1;  // runs a QP1 agent (an rdma_cm MAD agent)
 void set_my_slot_flag(uint32_t flag, bool on);

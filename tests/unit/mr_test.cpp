@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "unit_support.hpp"
+#include "wire/registry.hpp"
 
 namespace softverbs::unit {
 namespace {
@@ -80,6 +81,28 @@ TEST_F(MrTest, KeysNameTheirMr) {
   EXPECT_EQ(find(0), nullptr);
   EXPECT_EQ(dereg_mr(a), 0);
   EXPECT_EQ(dereg_mr(b), 0);
+}
+
+TEST_F(MrTest, KeysCarryOurRegistrySlotAndOtherSlotsNameNothing) {
+  // Keys are host-wide (wire/registry.hpp): the same index under another process's slot
+  // is that process's key, never ours (an imported key must not find one of our MRs).
+  Mr* a = reg(buf.data(), 100, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(a, nullptr);
+  const uint32_t key = a->ibv.lkey;
+  EXPECT_EQ(wire::slot_of_key(key), wire::my_slot());
+  EXPECT_NE(wire::key_index(key), 0u);
+  for (int other : {0, 1, wire::my_slot() + 1, wire::kSlots - 1}) {
+    if (other == wire::my_slot()) continue;
+    uint32_t foreign = (((static_cast<uint32_t>(other) << wire::kKeySlotShift) |
+                         wire::key_index(key)) << 8) | (key & 0xff);
+    EXPECT_EQ(find(foreign), nullptr) << "slot " << other;
+  }
+  EXPECT_EQ(find(key), a);
+  EXPECT_EQ(dereg_mr(a), 0);
+}
+
+TEST_F(MrTest, MaxMrAndMaxMwFitInOneProcessKeys) {
+  EXPECT_LE(Limits::max_mr + Limits::max_mw, static_cast<int>(wire::kKeyIndexMask));
 }
 
 TEST_F(MrTest, DeregisteredKeyDoesNotResolveAfterItsSlotIsReused) {

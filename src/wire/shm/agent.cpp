@@ -41,9 +41,13 @@ enum Kind : uint32_t {
   // XRC: a message our TGT QP took, for an XRC SRQ of the process asked (its delivery
   // thread); the payload is in the asker's memory.
   kXrcDeliver = 11,
+  // ibv_import_pd/ibv_import_mr across processes (ImportOp in flags), and the destruction
+  // of what an importer deregisters.
+  kImport = 12,
 };
 
 std::atomic<const XrcHooks*> g_xrc_hooks{nullptr};
+std::atomic<const ImportHooks*> g_import_hooks{nullptr};
 
 // How payload travels on a connection: straight between the two processes' buffers with
 // cross-memory attach, or, where the kernel refuses that (no CAP_SYS_PTRACE in some
@@ -339,6 +343,29 @@ int serve_xrc(const XrcHooks* h, const WireRequest& m, pid_t pid) {
   }
 }
 
+// An importer asks about an object of one of our contexts, named by the file (dev, ino) of
+// its cmd_fd (which the asker must hold). An MR's answer brings our arena, its read-only
+// published region and the MR memfd along, as kOpenWindow's does: the importer reads the
+// MR's entry from that table and maps its pages.
+bool serve_import(int fd, const WireRequest& m, pid_t pid) {
+  const ImportHooks* h = g_import_hooks.load(std::memory_order_acquire);
+  WireReply r{kMagic, Reply::Ack, ENOSYS, 0, 0, 0, 0};
+  const auto op = static_cast<ImportOp>(m.flags);
+  if (pid > 0 && h && h->serve && m.flags <= static_cast<uint32_t>(ImportOp::DeallocPd))
+    r.status = static_cast<uint32_t>(h->serve(op, m.compare_add, m.swap, m.rkey, pid, &r.value));
+  Arena* arena = Arena::self();
+  bool sent;
+  if (r.status == 0 && op == ImportOp::Mr && arena) {
+    int fds[kMaxFds] = {arena->fd(), arena->published_fd(), -1, mr_shm_fd()};
+    sent = send_with_fds(fd, r, fds);
+  } else {
+    if (r.status == 0 && op == ImportOp::Mr) r.status = EOPNOTSUPP;  // nothing to map
+    sent = send_message(fd, &r, sizeof(r), kPeerStallMs);
+  }
+  if (!sent) close(fd);
+  return sent;
+}
+
 // Serves one message; returns false when the connection is gone (then it is closed): the
 // peer hung up, or did not take an answer or send its payload in time.
 bool serve_one(const Server& srv, int fd) {
@@ -393,6 +420,7 @@ bool serve_one(const Server& srv, int fd) {
     close(fd);
     return false;
   }
+  if (m.kind == kImport) return serve_import(fd, m, known ? cred.pid : 0);
   if (!known) return true;
   if (m.kind == kProbe) {
     // Can we reach the requester's memory? Read the word it pointed us at.
@@ -857,6 +885,60 @@ int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_
     return ENXIO;
   }
   return static_cast<int>(r.status);
+}
+
+void set_import_hooks(const ImportHooks& hooks) {
+  static ImportHooks installed;  // set once, before any importer can ask
+  if (g_import_hooks.load(std::memory_order_acquire)) return;
+  installed = hooks;
+  g_import_hooks.store(&installed, std::memory_order_release);
+}
+
+int agent_import(int slot, ImportOp op, uint64_t dev, uint64_t ino, uint32_t handle,
+                 uint64_t* value, PeerArena* arena) {
+  std::shared_ptr<Connection> c = connection(slot);
+  std::lock_guard<std::mutex> lock(c->mu);
+  WireRequest m{};
+  m.magic = kMagic;
+  m.kind = kImport;
+  m.flags = static_cast<uint32_t>(op);
+  m.rkey = handle;
+  m.compare_add = dev;
+  m.swap = ino;
+  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return ENXIO;
+  pollfd p{c->fd, POLLIN, 0};
+  WireReply r{};
+  int fds[kMaxFds] = {-1, -1, -1, -1};
+  auto close_fds = [&fds] {
+    for (int f : fds)
+      if (f >= 0) close(f);
+  };
+  int ready;
+  do {
+    ready = poll(&p, 1, kReplyTimeoutMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0 || !recv_with_fds(c->fd, &r, fds) || r.magic != kMagic || r.kind != Reply::Ack) {
+    close_fds();
+    drop(*c);
+    return ENXIO;
+  }
+  ucred cred{};
+  socklen_t clen = sizeof(cred);
+  if (r.status != 0 || op != ImportOp::Mr) {
+    close_fds();
+    *value = r.value;
+    return r.status > 0 && r.status < 4096 ? static_cast<int>(r.status) : 0;
+  }
+  // The process whose memory we map is the one the kernel names as the agent's.
+  if (fds[0] < 0 || fds[1] < 0 || fds[3] < 0 ||
+      getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != slot_owner(slot)) {
+    close_fds();
+    return EPROTO;
+  }
+  if (fds[2] >= 0) close(fds[2]);
+  *arena = map_peer_arena(slot, cred.pid, fds[0], fds[1], fds[3]);
+  *value = r.value;
+  return arena->base && arena->published && arena->mr ? 0 : EPROTO;
 }
 
 void agent_xrc_event(int slot, uint32_t qpn, int type) {

@@ -72,4 +72,24 @@ bool agent_xrc_deliver(int slot, const Request& req, const XrcTarget& tgt, Reply
 // Tells the opener in `slot` that TGT QP `qpn` of ours raised `type` (no answer).
 void agent_xrc_event(int slot, uint32_t qpn, int type);
 
+// ibv_import_pd(3) / ibv_import_mr(3) across processes (verbs/import.cpp). The importer
+// names the exporter's context by the file (dev, ino) of its cmd_fd, which it must hold.
+enum class ImportOp : uint32_t {
+  Pd = 0,         // *value: the PD's token (what its MRs' published entries carry)
+  Mr = 1,         // *value: the offset of the exporter's published MR table; maps its arena
+  DeregMr = 2,    // the importer deregistered its import: the MR goes for everyone
+  DeallocPd = 3,  // the same for a PD (EBUSY while anything of the exporter's uses it)
+};
+struct ImportHooks {
+  // At the exporter: answers `op` about `handle` for process `pid` (kernel-named): 0 or an
+  // errno value.
+  int (*serve)(ImportOp op, uint64_t dev, uint64_t ino, uint32_t handle, pid_t pid,
+               uint64_t* value) = nullptr;
+};
+void set_import_hooks(const ImportHooks& hooks);
+// Asks the agent of `slot`: 0 or an errno value (ENXIO: no answer). For ImportOp::Mr,
+// *arena is the exporter's arena mapped here (unmap_peer_arena when done).
+int agent_import(int slot, ImportOp op, uint64_t dev, uint64_t ino, uint32_t handle,
+                 uint64_t* value, PeerArena* arena);
+
 }  // namespace softverbs::wire

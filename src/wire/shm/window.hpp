@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "wire/registry.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/shm/recv_place.hpp"
 
@@ -80,7 +81,7 @@ inline RecvPlace* window_places(WindowHeader* hdr, uint32_t rq_cap) {
 // CQ arm values, shared by the target and its requesters.
 enum ArmWord : int { kArmNone = 0, kArmSolicited = 1, kArmNext = 2 };
 
-// One entry of a process's published MR table, indexed by key >> 8. `key` is written last
+// One entry of a process's published MR table, indexed by key_index(key) (registry.hpp). `key` is written last
 // on registration and cleared first on deregistration; readers re-check it after reading.
 // A bound memory window has an entry too, for the part of its MR it opens: iova is where
 // its remote addresses start (0 when zero-based), addr and shm where that part lies.
@@ -96,14 +97,14 @@ struct MrShared {
   uint32_t qpn;   // a type 2 memory window: the one QP that may use it; 0: any of the PD
   uint32_t reserved;
 };
-inline constexpr uint32_t kMrTableCap = 1u << 16;
+inline constexpr uint32_t kMrTableCap = 1u << kKeySlotShift;  // every key of a process
 
 // Copies the entry of `key` out of a peer's table (kMrTableCap entries) into *out: false
 // when the index is out of range, or the entry holds another key before or after the copy
 // (deregistered or reused meanwhile). The fields are the peer's word: check them after.
 inline bool read_mr_entry(const MrShared* table, uint32_t key, MrShared* out) {
-  const uint32_t index = key >> 8;
-  if (!table || index == 0 || index >= kMrTableCap) return false;
+  const uint32_t index = key_index(key);
+  if (!table || index == 0) return false;
   const MrShared& e = table[index];
   if (e.key.load(std::memory_order_acquire) != key) return false;
   out->access = e.access;
