@@ -209,6 +209,8 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
 // nullopt: take the agent path.
 std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
                                            int nlocal, uint32_t dst_qpn) {
+  // send-small: into the receive itself when its pages are shared (shm_send_place.cpp).
+  if (auto o = send_placed_small(qp, w, local, nlocal, dst_qpn)) return o;
   wire::PeerWindow* pw = peer_window(qp, dst_qpn);
   if (!pw) return std::nullopt;
   uint32_t len = static_cast<uint32_t>(w.total_length);
@@ -323,7 +325,10 @@ bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
     return false;
   // A SEND too large for the window's slots goes straight into the receive (shm_send_place.cpp).
   bool placed = send && len > wire::kWindowPayload;
-  if (placed ? !post_placed(qp, wr, len) : !copy_now(qp, wr, len, send)) return false;
+  // send-small: one that fits a slot goes into the receive itself when its pages are shared.
+  bool small_placed = send && !placed && post_placed_small(qp, wr, len);
+  if (!small_placed && (placed ? !post_placed(qp, wr, len) : !copy_now(qp, wr, len, send)))
+    return false;
   if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
     ibv_wc wc{};
     wc.wr_id = wr->wr_id;
