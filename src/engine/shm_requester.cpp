@@ -156,9 +156,15 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED))) {
     // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
     // have its agent drain when we have no way to reach the channel.
+    // send-small: one write per sleep, not per message. A write already pending (the
+    // target has not looked since) covers ours: its look (clear, then drain) comes after
+    // our slot (both seq_cst), so it finds this message too and fires the event.
+    if (pw->wake_fd >= 0 && pw->cq->wake_pending.exchange(1, std::memory_order_seq_cst)) return;
     uint64_t one = 1;
-    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one))
+    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one)) {
+      if (pw->wake_fd >= 0) pw->cq->wake_pending.store(0, std::memory_order_seq_cst);
       wire::agent_drain(pw->arena.slot, pw->dst_qpn);
+    }
   }
 }
 
