@@ -6,7 +6,10 @@
 
 #include <sys/uio.h>
 
+#include <optional>
+
 #include "core/core.hpp"
+#include "engine/engine.hpp"
 #include "wire/shm/window.hpp"
 
 namespace softverbs::engine {
@@ -30,6 +33,18 @@ char* shared_bytes(wire::PeerWindow* pw, const wire::MrShared& e, uint64_t addr,
 int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v);
 // post_now's large SEND (shm_send_place.cpp): placed straight into the peer's next receive,
 // no WQE built. False: nothing was done (or it must be done again): build the WQE.
-bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len);
+// With shared_only: only when every buffer is in the target's shared pages (one memcpy).
+bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool shared_only = false);
+
+// --- SENDs that fit the window's slots, placed too (issue 14 item 3, send-small) ---
+// From this size on, a SEND that fits a slot is placed in the receive when the receive's
+// buffers are in the target's shared pages (shm_send_place.cpp); below it the slot's one
+// or few lines are cheaper than reading the receive's place and checking its keys.
+inline constexpr uint64_t kPlaceSmallMin = 1024;
+// post_now's and send_through_window's try at that: false (nothing happened) unless placed.
+bool post_placed_small(Qp* qp, const ibv_send_wr* wr, uint64_t len);
+std::optional<Outcome> send_placed_small(Qp* qp, const SendWqe& w, const iovec* local,
+                                         int nlocal, uint32_t dst_qpn);
+// --- end send-small ---
 
 }  // namespace softverbs::engine

@@ -156,9 +156,15 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED))) {
     // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
     // have its agent drain when we have no way to reach the channel.
+    // send-small: one write per sleep, not per message. A write already pending (the
+    // target has not looked since) covers ours: its look (clear, then drain) comes after
+    // our slot (both seq_cst), so it finds this message too and fires the event.
+    if (pw->wake_fd >= 0 && pw->cq->wake_pending.exchange(1, std::memory_order_seq_cst)) return;
     uint64_t one = 1;
-    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one))
+    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one)) {
+      if (pw->wake_fd >= 0) pw->cq->wake_pending.store(0, std::memory_order_seq_cst);
       wire::agent_drain(pw->arena.slot, pw->dst_qpn);
+    }
   }
 }
 
@@ -209,6 +215,8 @@ int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v) {
 // nullopt: take the agent path.
 std::optional<Outcome> send_through_window(Qp* qp, const SendWqe& w, const iovec* local,
                                            int nlocal, uint32_t dst_qpn) {
+  // send-small: into the receive itself when its pages are shared (shm_send_place.cpp).
+  if (auto o = send_placed_small(qp, w, local, nlocal, dst_qpn)) return o;
   wire::PeerWindow* pw = peer_window(qp, dst_qpn);
   if (!pw) return std::nullopt;
   uint32_t len = static_cast<uint32_t>(w.total_length);
@@ -323,7 +331,10 @@ bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
     return false;
   // A SEND too large for the window's slots goes straight into the receive (shm_send_place.cpp).
   bool placed = send && len > wire::kWindowPayload;
-  if (placed ? !post_placed(qp, wr, len) : !copy_now(qp, wr, len, send)) return false;
+  // send-small: one that fits a slot goes into the receive itself when its pages are shared.
+  bool small_placed = send && !placed && post_placed_small(qp, wr, len);
+  if (!small_placed && (placed ? !post_placed(qp, wr, len) : !copy_now(qp, wr, len, send)))
+    return false;
   if (qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED)) {
     ibv_wc wc{};
     wc.wr_id = wr->wr_id;

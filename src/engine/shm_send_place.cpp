@@ -91,8 +91,9 @@ int place_of(const wire::PeerWindow* pw, uint64_t receive, uint32_t len, iovec* 
 
 // Places a SEND of `len` bytes from `local` in the next receive of the peer QP dst_qpn and
 // hands its completion over; false: nothing was handed over (the agent path answers).
+// With shared_only, only into buffers whose pages we map (one memcpy), else false.
 bool place(Qp* qp, uint32_t dst_qpn, uint32_t opcode, uint32_t flags, uint32_t imm,
-           const iovec* local, int nlocal, uint64_t len64) {
+           const iovec* local, int nlocal, uint64_t len64, bool shared_only = false) {
   if (len64 > kMaxMsgSize || len64 > UINT32_MAX) return false;
   uint32_t len = static_cast<uint32_t>(len64);
   wire::PeerWindow* pw = peer_window(qp, dst_qpn);
@@ -104,7 +105,7 @@ bool place(Qp* qp, uint32_t dst_qpn, uint32_t opcode, uint32_t flags, uint32_t i
   uint32_t keys[wire::kPlaceSges];
   bool all_shared;
   int n = place_of(pw, receive, len, shared, &all_shared, cma, keys);
-  if (n < 0) return false;
+  if (n < 0 || (shared_only && !all_shared)) return false;
   if (all_shared) {
     wire::copy_local(shared, n, local, nlocal, len);
   } else {
@@ -132,7 +133,7 @@ std::optional<Outcome> send_placed(Qp* qp, const SendWqe& w, const iovec* local,
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(w.total_length)};
 }
 
-bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool shared_only) {
   iovec from[Limits::max_sge];
   int n;
   {
@@ -142,7 +143,26 @@ bool post_placed(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
     n = payload_iovecs(qp, wr, from);
   }
   return n >= 0 && place(qp, qp->send_path.dest_qpn, wr->opcode, wr->send_flags, wr->imm_data,
-                         from, n, len);
+                         from, n, len, shared_only);
 }
+
+// --- SENDs that fit the window's slots, placed too (issue 14 item 3, send-small) ---
+// From kPlaceSmallMin bytes on, a SEND into a receive whose buffers are in the target's
+// shared pages is placed like a large one: one memcpy (ours, into the receive) instead of
+// two (ours into the slot, the target's out of it), and the slot it commits is one line.
+// Where the receive is not shared, the slot is cheaper than a process_vm_writev: false.
+
+std::optional<Outcome> send_placed_small(Qp* qp, const SendWqe& w, const iovec* local,
+                                         int nlocal, uint32_t dst_qpn) {
+  if (w.total_length < kPlaceSmallMin ||
+      !place(qp, dst_qpn, w.opcode, w.flags, w.imm, local, nlocal, w.total_length, true))
+    return std::nullopt;
+  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(w.total_length)};
+}
+
+bool post_placed_small(Qp* qp, const ibv_send_wr* wr, uint64_t len) {
+  return len >= kPlaceSmallMin && post_placed(qp, wr, len, true);
+}
+// --- end send-small ---
 
 }  // namespace softverbs::engine

@@ -279,7 +279,14 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
       // every window feeding it (issue 14: with 1,000 CQs on a channel that was most of
       // the CPU of an event).
       std::lock_guard<std::mutex> lock(ch->cqs_mu);
-      for (Cq* c : ch->cqs) take_inbound(c, 0, nullptr);
+      for (Cq* c : ch->cqs) {
+        // send-small: requesters that found a wake-up pending left their messages to this
+        // look: clear it first (seq_cst, before the loads of take_inbound), then look.
+        if (c->shared && c->shared->wake_pending.load(std::memory_order_acquire))
+          c->shared->wake_pending.store(0, std::memory_order_seq_cst);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        take_inbound(c, 0, nullptr);
+      }
       // Events that moderation held and whose period is over (their timerfd woke us).
       cq_moderation_expire_all(ch->cqs);
     }

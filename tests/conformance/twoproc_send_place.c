@@ -7,6 +7,10 @@
  *     into a receive of three buffers in two MRs (one not page-aligned: cross-memory
  *     attach), 64 KiB into the unaligned MR, 6000 B into a larger receive. They complete at
  *     A while B cannot run: nothing of B's (its agent thread) took part. Then B checks them.
+ * 1b. Slot-sized SENDs (issue 14, send-small), B stopped again: 1 KiB and a 4 KiB
+ *     SEND_WITH_IMM into shared receives are placed (their bytes are there before B polls),
+ *     512 B and 4 KiB into the private MR ride the slots (not there until B polls); all
+ *     complete in order with their lengths and IMM.
  *  2. Order: small SEND, large SEND, RDMA WRITE, WRITE_WITH_IMM, a SEND into a receive of
  *     five buffers (too many to place: through B's agent), small SEND complete at B in order.
  *  3. IMM + SE: an unsolicited SEND_WITH_IMM fires no event on a CQ armed for solicited
@@ -157,6 +161,37 @@ static void receiver(int s)
 	check_bytes(12, cma_buf + 4096, 65536, 65536 + 64);
 	check_bytes(13, sv_ptr(big, 2u << 20), 6000, 8192 + 64);
 
+	/* 1b: slot-sized SENDs, placed where the receive is shared (send-small) */
+	memset(big->addr, 0, 65536);
+	memset(cma_buf, 0, 8192);
+	CHECK_OK(sv_post_recv(qp[0], 100, big, 0, 1024));
+	CHECK_OK(sv_post_recv(qp[0], 101, big, 8192, 4096));
+	CHECK_OK(sv_post_recv(qp[0], 102, big, 16384, 600));
+	CHECK_OK(sv_post_recv(qp[0], 103, cma, 0, 4096));
+	say(101);
+	CHECK_EQ(hear(), 101);
+	/* Placement needs the receive's pages shared with A (decision 0005) and A on this host. */
+	if (!sv_peer_on_other_host() && !getenv("SOFTVERBS_NO_SHARED_MR") && !getenv("SOFTVERBS_NO_CMA")) {
+		check_bytes(100, big->addr, 1024, 1024 + 64);
+		check_bytes(101, sv_ptr(big, 8192), 4096, 4096 + 64);
+		for (size_t i = 0; i < 512; i++)
+			CHECKF(((uint8_t *)big->addr)[16384 + i] == 0 && cma_buf[i] == 0,
+			       "byte %zu of a slot-carried SEND landed before its receiver polled", i);
+	}
+	expect_recv(rcq[0], 100, qp[0], 1024, peer[0], IBV_WC_RECV);
+	struct ibv_wc wc;
+	sv_expect_wc(rcq[0], 101, IBV_WC_SUCCESS, qp[0], &wc);
+	CHECK_EQ(wc.byte_len, 4096);
+	CHECK_EQ(wc.src_qp, peer[0]);
+	CHECK_EQ(wc.wc_flags & IBV_WC_WITH_IMM, IBV_WC_WITH_IMM);
+	CHECK_EQ(wc.imm_data, htonl(0x5151));
+	expect_recv(rcq[0], 102, qp[0], 512, peer[0], IBV_WC_RECV);
+	expect_recv(rcq[0], 103, qp[0], 4096, peer[0], IBV_WC_RECV);
+	check_bytes(100, big->addr, 1024, 1024 + 64);
+	check_bytes(101, sv_ptr(big, 8192), 4096, 4096 + 64);
+	check_bytes(102, sv_ptr(big, 16384), 512, 600 + 64);
+	check_bytes(103, cma_buf, 4096, 4096 + 64);
+
 	/* 2: order among the paths */
 	memset(big->addr, 0, BIG_LEN);
 	CHECK_OK(sv_post_recv(qp[0], 20, big, 0, 100));
@@ -171,7 +206,6 @@ static void receiver(int s)
 	CHECK_EQ(hear(), 3);
 	expect_recv(rcq[0], 20, qp[0], 100, peer[0], IBV_WC_RECV);
 	expect_recv(rcq[0], 21, qp[0], 8192, peer[0], IBV_WC_RECV);
-	struct ibv_wc wc;
 	sv_expect_wc(rcq[0], 22, IBV_WC_SUCCESS, qp[0], &wc);
 	CHECK_OPCODE(wc, IBV_WC_RECV_RDMA_WITH_IMM);
 	CHECK_EQ(wc.imm_data, htonl(0x1234));
@@ -320,6 +354,26 @@ int main(void)
 	if (stop)
 		CHECK(kill(child, SIGCONT) == 0);
 	say(2);
+
+	sv_step("slot-sized SENDs: placed into shared receives, the slots otherwise, in order");
+	CHECK_EQ(hear(), 101);
+	if (stop) {
+		CHECK(kill(child, SIGSTOP) == 0);
+		int st;
+		CHECK(waitpid(child, &st, WUNTRACED) == child && WIFSTOPPED(st));
+	}
+	send_msg(qp[0], 100, 100, src, 0, 1024);
+	fill(sv_ptr(src, 8192), 101, 4096);
+	post_send(qp[0], 101, IBV_WR_SEND_WITH_IMM, src, 8192, 4096, 0, htonl(0x5151));
+	send_msg(qp[0], 102, 102, src, 16384, 512);
+	send_msg(qp[0], 103, 103, src, 32768, 4096);
+	for (uint64_t id = 100; id <= 103; id++) {
+		sv_expect_wc(cq, id, IBV_WC_SUCCESS, qp[0], &wc);
+		CHECK_OPCODE(wc, IBV_WC_SEND);
+	}
+	if (stop)
+		CHECK(kill(child, SIGCONT) == 0);
+	say(101);
 
 	sv_step("order: small SEND, large SEND, WRITE, WRITE_WITH_IMM, five-buffer SEND, SEND");
 	CHECK_EQ(hear(), 3);

@@ -121,6 +121,10 @@ inline bool read_mr_entry(const MrShared* table, uint32_t key, MrShared* out) {
 // What a CQ shares with requesters in other processes, in its owner's arena.
 struct CqShared {
   std::atomic<int> arm;            // ArmWord; changed only by CAS
+  // 1 from a requester's wake-up write to the channel until the target's next look at
+  // this CQ before it sleeps (get_cq_event's refill clears it, then drains): requesters
+  // that find it set leave their message to that look instead of writing again.
+  std::atomic<uint32_t> wake_pending;
   alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
 };
 
