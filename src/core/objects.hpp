@@ -406,6 +406,11 @@ struct Srq {
   Xrcd* xrcd = nullptr;
   Cq* xrc_cq = nullptr;
   uint32_t srq_num = 0;
+  // Once a QP of it opened a receive window (engine/shm_responder.cpp): the block through
+  // which senders in other processes claim its receives (never freed: they may still
+  // write it), and our own count of receives posted since (under mu).
+  std::atomic<wire::SrqShared*> shared{nullptr};
+  uint64_t posted = 0;
   static Srq* from(ibv_srq* s);
 };
 

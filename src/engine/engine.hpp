@@ -145,6 +145,20 @@ void publish_receive_locked(Qp* t, const RecvWqe& r, uint32_t capacity);
 // (shm_send_place.cpp); same locks.
 void publish_place(wire::RecvPlace& p, const RecvWqe& r, uint32_t capacity);
 void drain_window_locked(Qp* t);  // caller holds the key lock (shared) and t->rq_mu
+// SRQs whose QPs have receive windows (wire::SrqShared): publishes receive `r` (the newest
+// of srq->rq; caller holds srq->mu, and the key lock (shared) if keys_held, else the
+// receive counts as one no sender may rely on); a local consumer's claim on the next
+// receive, caller holds srq->mu and saw it there (false: promised to a window's message,
+// answer as for an empty queue); and the claim given back when it was not used.
+void publish_srq_receive_locked(Srq* srq, const RecvWqe& r, bool keys_held);
+inline bool claim_srq_receive(Srq* srq) {
+  wire::SrqShared* sh = srq->shared.load(std::memory_order_acquire);
+  return !sh || wire::srq_claim(sh, srq->posted);
+}
+inline void unclaim_srq_receive(Srq* srq) {
+  if (wire::SrqShared* sh = srq->shared.load(std::memory_order_acquire))
+    sh->claimed.fetch_sub(1, std::memory_order_acq_rel);
+}
 void drain_inbound(Cq* cq);
 // ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in
 // `wc` (at most `max`), when the ring is empty and the CQ unarmed; 0 leaves it to

@@ -93,7 +93,19 @@ class RecvQueue {
  public:
   explicit RecvQueue(const Target& tg)  // tg.qp is there unless tg.srq is
       : t_(tg.qp), srq_(tg.srq), lock_(srq_ ? srq_->mu : t_->rq_mu), q_(srq_ ? srq_->rq : t_->rq) {}
-  bool empty() const { return q_.empty(); }
+  // Also when what is there is promised to messages in receive windows (an SRQ's): the
+  // receive found is claimed until consumed or this goes.
+  bool empty() {
+    if (q_.empty()) return true;
+    if (srq_ && !claimed_) {
+      if (!claim_srq_receive(srq_)) return true;
+      claimed_ = true;
+    }
+    return false;
+  }
+  ~RecvQueue() {
+    if (claimed_) unclaim_srq_receive(srq_);
+  }
   // Remember a sender that met an empty queue, to retry it once a receive is posted.
   void add_waiter(uint32_t qpn) { (srq_ ? srq_->rnr_waiters : t_->rnr_waiters).insert(qpn); }
   const RecvWqe& front() const { return q_.front(); }
@@ -101,6 +113,7 @@ class RecvQueue {
   // does not arrive whole leaves it where it is, for the retry.
   void consume() {
     q_.pop_front();
+    claimed_ = false;
     // The peer's window counts receives spoken for; this one was taken off the ring path.
     if (wire::WindowHeader* w = t_ ? t_->window.load(std::memory_order_relaxed) : nullptr)
       w->rq_taken.fetch_add(1, std::memory_order_relaxed);
@@ -113,6 +126,7 @@ class RecvQueue {
  private:
   Qp* t_;
   Srq* srq_;
+  bool claimed_ = false;
   std::lock_guard<QueueMutex> lock_;
   RingQueue<RecvWqe>& q_;
 };

@@ -562,7 +562,8 @@ struct RoceLink final : packet::Env {
     QueueMutex& lock_mu = srq ? srq->mu : qp->rq_mu;
     RingQueue<RecvWqe>& q = srq ? srq->rq : qp->rq;
     std::lock_guard<QueueMutex> lock(lock_mu);
-    if (q.empty()) return std::nullopt;
+    // (An SRQ receive promised to a message in a receive window counts as not there.)
+    if (q.empty() || (srq && !claim_srq_receive(srq))) return std::nullopt;
     packet::RecvWqe r;
     r.wr_id = q.front().wr_id;
     for (const Sge& s : q.front().sges) {

@@ -79,6 +79,10 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
             hdr->peer_qpn == qp->qpn() && rq_cap && !(rq_cap & (rq_cap - 1)) &&
             rq_cap <= (1u << 20) && arena.at<char>(off, bytes) && hdr->owner_pid == pid;
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
+  // The target QP's SRQ, where its receives are claimed (wire::SrqShared), if it has one.
+  uint64_t srq_at = ok ? hdr->srq_offset : 0;
+  auto* srq = srq_at ? arena.at<wire::SrqShared>(srq_at) : nullptr;
+  if (srq_at && !srq) ok = false;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
   if (!ok || !cq || pid <= 0) {
@@ -102,6 +106,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.hdr = hdr;
   pw.cq = cq;
   pw.mr_table = table;
+  pw.srq = srq;
   pw.slots = reinterpret_cast<wire::WindowSlot*>(base + slots_at);
   pw.rq_len = reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader));
   pw.rq_cap = rq_cap;
@@ -114,12 +119,36 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   return &pw;
 }
 
+namespace {
+
+// window_slot for a target QP with an SRQ: a small SEND only (which receive it lands in is
+// decided when the target drains it), when every receive the SRQ got holds `len`, the ring
+// has room and one of the SRQ's receives is still unclaimed: claimed now, so that neither
+// another sender nor the target's own responder takes it.
+wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
+  wire::SrqShared* srq = pw->srq;
+  if (len > wire::kWindowPayload || srq->fits.load(std::memory_order_acquire) < len)
+    return nullptr;
+  uint64_t tail = pw->tail;
+  if (tail - pw->head >= wire::kWindowSlots) {
+    pw->head = pw->hdr->head.load(std::memory_order_acquire);
+    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
+  }
+  // None left: RNR, via the agent.
+  if (!wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire))) return nullptr;
+  return &pw->slots[tail % wire::kWindowSlots];
+}
+
+}  // namespace
+
 // The slot of the peer's receive window for the next message, of `len` bytes, when the ring
 // has room and the receive it will land in is there and big enough; nullptr means "take
 // the agent path", which answers everything else (RNR, errors, a target that went away)
-// exactly. Nothing is spoken for until window_commit.
+// exactly. Nothing is spoken for until window_commit, but for an SRQ's receive, claimed
+// last here (window_unclaim gives it back).
 wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::WindowHeader* hdr = pw->hdr;
+  if (pw->srq) return srq_window_slot(pw, len);
   if (pw->resync) {
     pw->taken = hdr->rq_taken.load(std::memory_order_acquire);
     pw->resync = false;
@@ -136,6 +165,10 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
     if (tail - pw->head >= wire::kWindowSlots) return nullptr;
   }
   return &pw->slots[tail % wire::kWindowSlots];
+}
+
+void window_unclaim(wire::PeerWindow* pw) {
+  if (pw->srq) pw->srq->claimed.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 // Hands the message whose payload is already in `s` (from window_slot) to the target.
@@ -303,7 +336,10 @@ bool copy_now(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool send) {
   std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
   if (!(wr->send_flags & IBV_SEND_INLINE)) keys.lock();
   int n = payload_iovecs(qp, wr, from);
-  if (n < 0) return false;  // the general path reports the bad key
+  if (n < 0) {  // the general path reports the bad key
+    if (send) window_unclaim(pw);
+    return false;
+  }
   iovec to{send ? static_cast<void*>(slot->data) : remote, len};
   wire::copy_local(&to, 1, from, n, len);
   if (send)

@@ -66,7 +66,44 @@ bool any_on_demand(const RecvWqe& r) {
   return false;
 }
 
+// What a receive of an SRQ holds, 0 if its buffers fail the checks (key lock held, shared).
+uint32_t srq_receive_capacity(Srq* srq, const RecvWqe& r) {
+  iovec dst[Limits::max_sge];
+  int n;
+  int64_t cap = resolve_recv(srq->pd, r, dst, &n);
+  return cap < 0 ? 0 : static_cast<uint32_t>(std::min<int64_t>(cap, UINT32_MAX));
+}
+
+// The block through which senders claim srq's receives (wire::SrqShared), made when the
+// first of its QPs opens a window; its offset, 0 if none. Caller holds the key lock
+// (shared) and srq->mu.
+uint64_t srq_shared_locked(Srq* srq, wire::Arena* arena) {
+  if (wire::SrqShared* sh = srq->shared.load(std::memory_order_relaxed))
+    return reinterpret_cast<char*>(sh) - arena->base();
+  uint64_t off = arena->allocate(sizeof(wire::SrqShared));
+  if (!off) return 0;
+  auto* sh = arena->at<wire::SrqShared>(off);
+  uint32_t fits = UINT32_MAX;
+  for (uint64_t i = 0; i < srq->rq.size(); ++i)
+    fits = std::min(fits, srq_receive_capacity(srq, srq->rq[i]));
+  srq->posted = srq->rq.size();  // all of them unclaimed
+  sh->fits.store(fits, std::memory_order_relaxed);
+  sh->claimed.store(0, std::memory_order_relaxed);
+  sh->posted.store(srq->posted, std::memory_order_release);
+  srq->shared.store(sh, std::memory_order_release);
+  return off;
+}
+
 }  // namespace
+
+void publish_srq_receive_locked(Srq* srq, const RecvWqe& r, bool keys_held) {
+  wire::SrqShared* sh = srq->shared.load(std::memory_order_relaxed);
+  if (!sh) return;
+  uint32_t cap = keys_held ? srq_receive_capacity(srq, r) : 0;
+  // Lowered before the receive is counted: a sender that sees the count sees the bound.
+  if (cap < sh->fits.load(std::memory_order_relaxed)) sh->fits.store(cap, std::memory_order_release);
+  sh->posted.store(++srq->posted, std::memory_order_release);
+}
 
 uint32_t receive_capacity(Qp* t, RecvWqe& r) {
   iovec dst[Limits::max_sge];
@@ -86,7 +123,12 @@ uint32_t receive_capacity(Qp* t, RecvWqe& r) {
 uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   if (t->type == IBV_QPT_UD) return open_ud_window(t, peer_qpn, peer_pid);  // shm_ud.cpp
   wire::Arena* arena = wire::Arena::self();
-  if (!arena || t->srq || (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset) return 0;
+  // A basic SRQ's QP too (its receives claimed through wire::SrqShared); a tag-matching
+  // SRQ matches in its own process.
+  Srq* srq = t->srq;
+  if (!arena || (srq && (srq->tm || srq->xrc_domain)) ||
+      (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset)
+    return 0;
   {
     std::lock_guard<std::mutex> lock(t->attr_mu);
     if (t->attr.dest_qp_num != peer_qpn) return 0;
@@ -100,7 +142,8 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   uint64_t mr_table = MrTable::instance().shared_offset();  // before locking the keys
   // Twice the queue depth: the entry we write for a new receive is then half a ring away
   // from the one the requester reads next, not on the same cache line.
-  uint32_t rq_cap = 2 * round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
+  // (A QP of an SRQ publishes no receives of its own: the smallest block.)
+  uint32_t rq_cap = srq ? 2 : 2 * round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
   uint64_t bytes = wire::window_bytes(rq_cap);
   uint64_t off = arena->allocate(bytes);
   if (!off) return 0;
@@ -120,6 +163,14 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   hdr->qpn = t->qpn();
   hdr->peer_qpn = peer_qpn;
   hdr->cq_offset = t->recv_cq->shared_offset;
+  if (srq) {
+    std::lock_guard<QueueMutex> srq_lock(srq->mu);
+    hdr->srq_offset = srq_shared_locked(srq, arena);
+    if (!hdr->srq_offset) {
+      arena->release(off, bytes);
+      return 0;
+    }
+  }
   {
     std::lock_guard<std::mutex> attrs(t->attr_mu);
     hdr->qp_access.store(t->attr.qp_access_flags, std::memory_order_relaxed);
@@ -203,6 +254,11 @@ void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   wire::InboundWindow& in = t->inbound;
+  // A QP of an SRQ: its messages land in the SRQ's next receive, claimed by their sender.
+  Srq* srq = t->srq;
+  std::unique_lock<QueueMutex> srq_lock;
+  if (srq) srq_lock = std::unique_lock<QueueMutex>(srq->mu);
+  RingQueue<RecvWqe>& q = srq ? srq->rq : t->rq;
   // Message #head is there once its slot's seq says head + 1: stop at the first that is not.
   for (uint64_t head = in.head; sink.room(); ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
@@ -220,8 +276,9 @@ void drain_window_into(Qp* t, Sink& sink) {
     // must be the one it completes.
     const bool placed = opcode & wire::kWindowPlaced;
     opcode &= ~wire::kWindowPlaced;
-    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || t->rq.empty() ||
-        (placed ? slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
+    // (An SRQ's receive is never placed into; one missing was claimed twice: garbage.)
+    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || q.empty() ||
+        (placed ? srq || slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
       kill_window_locked(t);
       return;
     }
@@ -229,7 +286,7 @@ void drain_window_into(Qp* t, Sink& sink) {
       t->comm_est_raised = true;
       raise_qp_event(t, IBV_EVENT_COMM_EST);
     }
-    const RecvWqe& r = t->rq.front();
+    const RecvWqe& r = q.front();
     ibv_wc& wc = sink.next();
     wc.wr_id = r.wr_id;
     wc.qp_num = t->qpn();
@@ -247,11 +304,15 @@ void drain_window_into(Qp* t, Sink& sink) {
       dst[0] = {r.place, r.place_len};  // resolved when posted, and no MR changed since
       cap = r.place_len;
     } else {
-      cap = resolve_recv(t, r, dst, &n);
+      cap = resolve_recv(srq ? srq->pd : t->pd, r, dst, &n);
     }
     bool ok = cap >= 0;
-    t->rq.pop_front();
+    q.pop_front();
     in.head = head + 1;
+    if (srq && srq->limit && q.size() < srq->limit) {
+      srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
+      raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+    }
     // The requester checked the published capacity; the MR may have gone since.
     if (!ok || cap < len) {
       wc.status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
@@ -273,6 +334,21 @@ void drain_window_into(Qp* t, Sink& sink) {
     sink.put((flags & IBV_SEND_SOLICITED) != 0);
     hdr->head.store(in.head, std::memory_order_release);
   }
+}
+
+// Closing t's window with messages still in its ring (RESET, destroy): the SRQ receives
+// their senders claimed go back to the others. Caller holds t->rq_mu.
+void release_srq_claims_locked(Qp* t) {
+  Srq* srq = t->srq;
+  if (!srq) return;
+  const wire::InboundWindow& in = t->inbound;
+  uint64_t left = 0;
+  while (left < wire::kWindowSlots &&
+         in.slots[(in.head + left) % wire::kWindowSlots].seq.load(std::memory_order_acquire) ==
+             in.head + left + 1)
+    ++left;
+  std::lock_guard<QueueMutex> lock(srq->mu);
+  for (; left; --left) unclaim_srq_receive(srq);
 }
 
 }  // namespace
@@ -362,6 +438,7 @@ void close_window(Qp* t, bool deliver) {
     if (t->window.load(std::memory_order_relaxed)) {
       // Messages already in the ring were acknowledged to the sender: they land first.
       if (deliver) drain_window_locked(t);
+      release_srq_claims_locked(t);
       kill_window_locked(t);
     }
   }

@@ -283,7 +283,9 @@ void deliver(const UdTarget& tg, uint32_t src_qpn, const UdMessage& d, UdSink& s
   Srq* srq = t->srq;
   std::lock_guard<QueueMutex> lock(srq ? srq->mu : t->rq_mu);
   RingQueue<RecvWqe>& q = srq ? srq->rq : t->rq;
-  if (q.empty()) return;  // UD has no RNR: the datagram is lost
+  // UD has no RNR: the datagram is lost (also when what is there is promised to messages
+  // in receive windows, an SRQ's).
+  if (q.empty() || (srq && !claim_srq_receive(srq))) return;
   const RecvWqe& r = q.front();
   ibv_wc& wc = sink.next();
   wc.wr_id = r.wr_id;

@@ -45,7 +45,7 @@ struct WindowHeader {
   uint32_t qpn;                // the target QP
   uint32_t peer_qpn;           // the one requester QP allowed to write
   uint64_t cq_offset;          // the target's receive CQ's CqShared, in the same arena
-  uint64_t reserved;
+  uint64_t srq_offset;         // the target QP's SRQ's SrqShared (same arena); 0: its own RQ
   uint32_t rq_cap;             // entries of rq_len (a power of two)
   uint32_t slots_offset;       // from the header to slots[0]
   // For RDMA WRITE/READ straight into/out of the target's memory: what the target's
@@ -75,6 +75,28 @@ inline uint64_t window_bytes(uint32_t rq_cap) {
 inline RecvPlace* window_places(WindowHeader* hdr, uint32_t rq_cap) {
   return reinterpret_cast<RecvPlace*>(reinterpret_cast<char*>(hdr) +
                                       window_places_at(sizeof(WindowHeader), rq_cap));
+}
+
+// The receives of an SRQ whose QPs have receive windows (docs/send-placement.md, "SRQ"):
+// the target counts the receives it posted; every consumer, a sender in another process
+// before it commits a small SEND to its QP's window as much as the target's own responders,
+// claims one with a compare-and-swap bounded by that count, so that no receive is promised
+// twice. Which receive a window's message lands in is decided when the target drains it
+// (the SRQ's next), so a sender also checks `fits`: the least capacity of any receive
+// posted since the block was made (0: one could not be checked). All peer-writable.
+struct SrqShared {
+  alignas(64) std::atomic<uint64_t> posted;  // target: receives posted
+  std::atomic<uint32_t> fits;
+  alignas(64) std::atomic<uint64_t> claimed;  // receives promised to a message
+};
+static_assert(sizeof(SrqShared) == 128);
+
+// Claims one receive of `s` if fewer than `posted` are claimed.
+inline bool srq_claim(SrqShared* s, uint64_t posted) {
+  uint64_t c = s->claimed.load(std::memory_order_acquire);
+  while (c < posted)
+    if (s->claimed.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) return true;
+  return false;
 }
 
 // CQ arm values, shared by the target and its requesters.
@@ -145,6 +167,7 @@ struct PeerWindow {
   WindowHeader* hdr = nullptr;
   CqShared* cq = nullptr;
   const MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
+  SrqShared* srq = nullptr;  // the target QP's SRQ, or nullptr (its own receive queue)
   // Checked once when the window was opened and never read back from the peer's memory:
   WindowSlot* slots = nullptr;
   const uint32_t* rq_len = nullptr;
