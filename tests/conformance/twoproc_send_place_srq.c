@@ -9,7 +9,8 @@
  * and all of them arrive.
  * Then the window path itself: sender 0 stops the receiver (SIGSTOP, all its threads, its
  * agent included) and sends small SENDs; they complete while it cannot run, so nothing of
- * the receiver's took part; it checks them once it runs again. Not between hosts.
+ * the receiver's took part; it checks them once it runs again, and the SRQ limit armed
+ * before fires once. Not between hosts.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -169,6 +170,10 @@ int main(void)
 		CHECK_EQ(sv_hear(sock[i]), 2);
 	if (!sv_peer_on_other_host()) {
 		sv_step("small SENDs while the receiver is stopped");
+		/* NSLOT receives posted; the six taken leave NSLOT - 6 < 12: the limit fires, when
+		 * the receiver takes them (drains the window), once. */
+		struct ibv_srq_attr limit = {.srq_limit = 12};
+		CHECK_OK(ibv_modify_srq(srq, &limit, IBV_SRQ_LIMIT));
 		sv_say(sock[0], 4);
 		CHECK_EQ(sv_hear(sock[0]), 5);
 		for (unsigned m = 0; m < STOPPED_MSGS; m++) {
@@ -182,6 +187,16 @@ int main(void)
 			for (size_t i = 0; i < wc.byte_len; i++)
 				CHECKF(p[i] == pattern(0, MSGS + m, i), "stopped message %u byte %zu", m, i);
 		}
+		int limits = 0;
+		struct ibv_async_event ev;
+		while (sv_wait_async(dev.ctx, limits ? 200 : 5000, &ev)) {
+			if (ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED) {
+				CHECK(ev.element.srq == srq);
+				limits++;
+			}
+			ibv_ack_async_event(&ev);
+		}
+		CHECK_EQ(limits, 1);
 	}
 	sv_step("teardown");
 	for (int i = 0; i < 2; i++) {
