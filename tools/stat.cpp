@@ -27,11 +27,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/qp_state_name.hpp"
 #include "common/stat_segment.hpp"
 
 namespace {
 
 using namespace softverbs::stat;
+using softverbs::qp_state_name;
 
 // ---- a small JSON-like value, printed as JSON or as table cells ---------------------------
 
@@ -293,11 +295,6 @@ struct Target {
 
 // ---- names --------------------------------------------------------------------------------
 
-const char* qp_state_name(int32_t s) {
-  static const char* names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
-  return s >= 0 && s < 7 ? names[s] : nullptr;
-}
-
 const char* qp_type_name(uint32_t t) {
   switch (t) {
     case 2: return "RC";
@@ -483,7 +480,12 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
   p.set("objects_not_published", Val::number(seg.header.dropped));
 
   Val contexts = Val::array(), pds = Val::array(), mrs = Val::array(), cqs = Val::array(),
-      channels = Val::array(), qps = Val::array(), srqs = Val::array();
+      channels = Val::array(), qps = Val::array(), srqs = Val::array(), mws = Val::array(),
+      ahs = Val::array(), xrcds = Val::array(), dms = Val::array();
+  // Our MR objects -> their handles: a window's binding names the object.
+  std::map<uint64_t, uint64_t> mr_handles;
+  for (const Record& r : seg.records)
+    if (r.kind == kMr) mr_handles[r.object] = r.handle;
   for (const Record& r : seg.records) {
     if (r.kind == kFree || r.kind >= kKinds) continue;
     Target t{pid, same && readable, &r};
@@ -620,6 +622,59 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         srqs.items.push_back(std::move(o));
         break;
       }
+      case kMw: {
+        o.set("type", Val::number(r.u.mw.type));
+        o.set("pd", address(r.u.mw.pd));
+        o.set("rkey", Val::maybe(t.get<uint32_t>(kMwRkey), true));
+        // Bound: the MR's handle when the object is one of the MRs published, else "?".
+        auto mr = t.get<uint64_t>(kMwMr);
+        Val bound;
+        if (mr && *mr == 0) bound = Val::none();
+        else if (mr && mr_handles.count(*mr)) bound = address(mr_handles[*mr]);
+        o.set("bound_mr", bound);
+        const bool is_bound = bound.type == Val::kStr;
+        auto addr = t.get<uint64_t>(kMwAddr), len = t.get<uint64_t>(kMwLength);
+        auto access = t.get<uint32_t>(kMwAccess);
+        o.set("addr", is_bound && addr ? address(*addr) : is_bound ? Val{} : Val::none());
+        o.set("length", is_bound ? Val::maybe(len) : Val::none());
+        o.set("access", is_bound && access ? Val::string(access_names(*access)) : is_bound ? Val{} : Val::none());
+        auto qpn = t.get<uint32_t>(kMwQpn);
+        o.set("qp_num", r.u.mw.type == 2 && is_bound ? Val::maybe(qpn) : Val::none());
+        mws.items.push_back(std::move(o));
+        break;
+      }
+      case kAh: {
+        const AhInfo& a = r.u.ah;
+        o.set("pd", address(a.pd));
+        o.set("dgid", a.is_global ? Val::string(gid_text(a.dgid)) : Val::none());
+        o.set("dlid", Val::number(a.dlid));
+        o.set("sgid_index", Val::number(a.sgid_index));
+        o.set("port", Val::number(a.port));
+        o.set("sl", Val::number(a.sl));
+        o.set("hop_limit", Val::number(a.hop_limit));
+        o.set("traffic_class", Val::number(a.traffic_class));
+        o.set("flow_label", Val::number(a.flow_label));
+        ahs.items.push_back(std::move(o));
+        break;
+      }
+      case kXrcd: {
+        const XrcdInfo& x = r.u.xrcd;
+        o.set("shared", Val::boolean(x.shared != 0));
+        o.set("file", x.shared ? Val::string(bounded(x.path, sizeof(x.path))) : Val::none());
+        o.set("inode", x.shared ? Val::number(x.ino) : Val::none());
+        auto users = t.get<int32_t>(kXrcdUsers);
+        o.set("users", users && *users >= 0 ? Val::number(static_cast<uint64_t>(*users)) : Val{});
+        xrcds.items.push_back(std::move(o));
+        break;
+      }
+      case kDm: {
+        const DmInfo& m = r.u.dm;
+        o.set("length", Val::number(m.length));
+        o.set("dm_handle", Val::number(m.handle));
+        o.set("imported", Val::boolean(m.imported != 0));
+        dms.items.push_back(std::move(o));
+        break;
+      }
     }
   }
   p.set("contexts", std::move(contexts));
@@ -629,6 +684,10 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
   p.set("channels", std::move(channels));
   p.set("qps", std::move(qps));
   p.set("srqs", std::move(srqs));
+  p.set("mws", std::move(mws));
+  p.set("ahs", std::move(ahs));
+  p.set("xrcds", std::move(xrcds));
+  p.set("dms", std::move(dms));
   return p;
 }
 
@@ -734,7 +793,8 @@ std::string tables(const Val& all, pid_t only) {
       const char* prefix;
     };
     for (Kind k : {Kind{"contexts", "ctx"}, Kind{"pds", "pd"}, Kind{"mrs", "mr"}, Kind{"cqs", "cq"},
-                   Kind{"channels", "ch"}, Kind{"qps", "qp"}, Kind{"srqs", "srq"}}) {
+                   Kind{"channels", "ch"}, Kind{"qps", "qp"}, Kind{"srqs", "srq"},
+                   Kind{"mws", "mw"}, Kind{"ahs", "ah"}, Kind{"xrcds", "xrcd"}, Kind{"dms", "dm"}}) {
       const Val* list = p.get(k.key);
       for (size_t i = 0; list && i < list->items.size(); ++i)
         if (const Val* h = list->items[i].get("handle"))
@@ -781,6 +841,17 @@ std::string tables(const Val& all, pid_t only) {
                 {{"TYPE", {"type"}}, {"SRQN", {"srq_num"}}, {"POSTED", {"posted", "max_wr"}},
                  {"LIMIT", {"limit"}}},
                 labels);
+    print_table(out, "MW", list("mws"),
+                {{"TYPE", {"type"}}, {"PD", {"pd"}}, {"RKEY", {"rkey"}}, {"MR", {"bound_mr"}},
+                 {"ADDR", {"addr"}}, {"LENGTH", {"length"}}, {"ACCESS", {"access"}}, {"QPN", {"qp_num"}}},
+                labels);
+    print_table(out, "AH", list("ahs"),
+                {{"PD", {"pd"}}, {"DGID", {"dgid"}}, {"DLID", {"dlid"}}, {"SGID_INDEX", {"sgid_index"}},
+                 {"PORT", {"port"}}, {"SL", {"sl"}}, {"HOP_LIMIT", {"hop_limit"}}},
+                labels);
+    print_table(out, "XRCD", list("xrcds"), {{"FILE", {"file"}}, {"USERS", {"users"}}}, labels);
+    print_table(out, "DM", list("dms"),
+                {{"LENGTH", {"length"}}, {"HANDLE", {"dm_handle"}}, {"IMPORTED", {"imported"}}}, labels);
     out += "\n";
   }
   return out;
@@ -794,8 +865,9 @@ int usage(FILE* to) {
   std::fprintf(to,
                "Usage: softverbs stat [--json] [--watch [SECONDS]] [PID]\n"
                "Shows the verbs objects of every process using softverbs (or of PID):\n"
-               "contexts, PDs, MRs, CQs, completion channels, QPs and SRQs, with their live\n"
-               "state. \"?\" (null in JSON): a value that could not be read.\n");
+               "contexts, PDs, MRs, CQs, completion channels, QPs, SRQs, memory windows,\n"
+               "address handles, XRC domains and device memory, with their live state.\n"
+               "\"?\" (null in JSON): a value that could not be read.\n");
   return to == stdout ? 0 : 2;
 }
 

@@ -46,15 +46,19 @@ std::string diagnose_wait(CompChannel* ch, const char** kind, const void** objec
     const bool armed = cq->armed.load() != 0;
     any_armed |= armed;
     const uint64_t head = cq->head.load(), tail = cq->tail.load();
-    if (armed && o && o->waiting_at_arm > 0 && head == o->head_at_arm && tail != head && lost.empty()) {
-      char buf[400];
+    // Lost: some of what waited when it was armed is still there (ibv_poll_cq and the
+    // poll API both move head past what they take).
+    const uint64_t taken = o ? head - o->head_at_arm : 0;
+    if (armed && o && o->waiting_at_arm > taken && tail != head && lost.empty()) {
+      char buf[500];
       snprintf(buf, sizeof(buf),
                "  %s was armed by ibv_req_notify_cq at %s while %llu completion(s) were already "
-               "waiting in it, and has not been polled since: those completions make no event, "
-               "so this wait ends only if another completion comes\n"
-               "  poll the CQ after ibv_req_notify_cq and before waiting",
+               "waiting in it, and %llu of them are still there, not polled: those completions "
+               "make no event, so this wait ends only if another completion comes\n"
+               "  poll the CQ until it is empty after ibv_req_notify_cq and before waiting",
                fmt_ptr("CQ", cq->cq()).c_str(), where(o->arm_site).c_str(),
-               static_cast<unsigned long long>(o->waiting_at_arm));
+               static_cast<unsigned long long>(o->waiting_at_arm),
+               static_cast<unsigned long long>(o->waiting_at_arm - taken));
       lost = buf;
       *object = cq->cq();
     }
@@ -209,7 +213,7 @@ void before_req_notify(Cq* cq, Site site) {
   }
 }
 
-void explain_completions(const ibv_wc* wc, int n, Site site) {
+void explain_completions(const ibv_wc* wc, int n, Site site, const char* verb) {
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
     if (w.status == IBV_WC_SUCCESS || w.status == IBV_WC_WR_FLUSH_ERR) continue;
@@ -225,8 +229,8 @@ void explain_completions(const ibv_wc* wc, int n, Site site) {
           break;
         }
     }
-    char call[120];
-    snprintf(call, sizeof(call), "ibv_poll_cq: QP %p (qpn %u) wr_id %llu", qp_handle, w.qp_num,
+    char call[140];
+    snprintf(call, sizeof(call), "%s: QP %p (qpn %u) wr_id %llu", verb, qp_handle, w.qp_num,
              static_cast<unsigned long long>(w.wr_id));
     char what[600];
     switch (w.status) {

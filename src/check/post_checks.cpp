@@ -9,6 +9,7 @@
 #include <string>
 
 #include "check/state.hpp"
+#include "common/qp_state_name.hpp"
 #include "core/core.hpp"
 
 namespace softverbs::check {
@@ -16,16 +17,8 @@ namespace softverbs::check {
 namespace {
 
 const char* state_name(int st) {
-  switch (st) {
-    case IBV_QPS_RESET: return "RESET";
-    case IBV_QPS_INIT: return "INIT";
-    case IBV_QPS_RTR: return "RTR";
-    case IBV_QPS_RTS: return "RTS";
-    case IBV_QPS_SQD: return "SQD";
-    case IBV_QPS_SQE: return "SQE";
-    case IBV_QPS_ERR: return "ERR";
-    default: return "?";
-  }
+  const char* name = qp_state_name(st);
+  return name ? name : "?";
 }
 
 std::string call_text(const char* verb, const void* object, const char* what, uint64_t wr_id) {
@@ -33,6 +26,11 @@ std::string call_text(const char* verb, const void* object, const char* what, ui
   snprintf(buf, sizeof(buf), "%s: %s %p wr_id %llu", verb, what, object,
            static_cast<unsigned long long>(wr_id));
   return buf;
+}
+
+// The errno a refused WR gives back: ibv_post_send's, or the batch's from ibv_wr_complete.
+const char* fails_with(const char* verb) {
+  return std::string(verb) == "ibv_post_send" ? "EINVAL" : "EINVAL (the whole batch is refused)";
 }
 
 // What an access needs, by name.
@@ -136,16 +134,16 @@ bool is_read_or_atomic(ibv_wr_opcode op) {
          op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
-void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site) {
+void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site, const char* verb) {
   const void* h = qp->qp();
-  const std::string call = call_text("ibv_post_send", h, "QP", wr->wr_id);
+  const std::string call = call_text(verb, h, "QP", wr->wr_id);
   char what[500];
   const int st = qp->state.load();
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
     snprintf(what, sizeof(what),
              "  the QP (qpn %u) is in %s: its send queue takes work requests from RTS on, so "
-             "the call fails with EINVAL\n  move it to RTS with ibv_modify_qp first",
-             qp->qpn(), state_name(st));
+             "the call fails with %s\n  move it to RTS with ibv_modify_qp first",
+             qp->qpn(), state_name(st), fails_with(verb));
     report("post-send-state", h, call, site, what,
            "the IBA's QP states: a QP in Reset, Init or RTR does not take send work requests; "
            "ibv_modify_qp(3) lists the attributes of Reset -> Init -> RTR -> RTS");
@@ -154,8 +152,8 @@ void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site) {
   if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_BIND_MW) return;
   if (wr->num_sge > 0 && static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) {
     snprintf(what, sizeof(what),
-             "  num_sge %d is more than the QP's max_send_sge %u: the call fails with EINVAL",
-             wr->num_sge, qp->cap.max_send_sge);
+             "  num_sge %d is more than the QP's max_send_sge %u: the call fails with %s",
+             wr->num_sge, qp->cap.max_send_sge, fails_with(verb));
     report("max-send-sge", h, call, site, what,
            "ibv_create_qp(3): max_send_sge is the \"Requested max number of scatter/gather "
            "(s/g) elements in a WR in the SQ\"");
@@ -167,8 +165,8 @@ void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site) {
   if (is_inline && total > qp->cap.max_inline_data) {
     snprintf(what, sizeof(what),
              "  IBV_SEND_INLINE with %llu bytes, more than the QP's max_inline_data %u: the "
-             "call fails with EINVAL",
-             static_cast<unsigned long long>(total), qp->cap.max_inline_data);
+             "call fails with %s",
+             static_cast<unsigned long long>(total), qp->cap.max_inline_data, fails_with(verb));
     report("max-inline-data", h, call, site, what,
            "ibv_create_qp(3): max_inline_data is the \"Requested max number of data (bytes) "
            "that can be posted inline to the SQ\"");
@@ -278,7 +276,7 @@ int checked_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad, Site sit
   count_call();
   Qp* qp = Qp::from(ibqp);
   if (qp)
-    for (ibv_send_wr* w = wr; w; w = w->next) check_send_wr(qp, w, site);
+    for (ibv_send_wr* w = wr; w; w = w->next) check_send_wr(qp, w, site, "ibv_post_send");
   int rc = real.post_send(ibqp, wr, bad);
   if (rc == ENOMEM && qp) {
     char what[300];
@@ -330,6 +328,65 @@ int checked_post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad, Si
     for (ibv_recv_wr* w = wr; w; w = w->next)
       check_recv_wr("ibv_post_srq_recv", ibsrq, srq->max_sge, srq->pd, w, site);
   return real.post_srq_recv(ibsrq, wr, bad);
+}
+
+// The extended post-send API (ibv_wr_post(3)): the batch ibv_wr_start .. ibv_wr_complete
+// built is what ibv_post_send would have been given (verbs/qp_ex.cpp keeps each WR as an
+// ibv_send_wr), so the same checks look at it before it is posted, and a full send queue
+// is explained after.
+int checked_wr_complete(ibv_qp_ex* q, Site site) {
+  count_call();
+  Qp* qp = Qp::from(&q->qp_base);
+  size_t count = 0;
+  if (qp && qp->ex.open) {
+    count = qp->ex.count;
+    for (size_t i = 0; i < count; ++i) check_send_wr(qp, &qp->ex.slots[i].wr, site, "ibv_wr_complete");
+  }
+  const uint64_t first_id = count ? qp->ex.slots[0].wr.wr_id : 0;
+  int rc = real.wr_complete(q);
+  if (rc == ENOMEM && qp) {
+    char what[300];
+    snprintf(what, sizeof(what),
+             "  the batch of %zu work request(s) does not fit: the send queue holds up to "
+             "max_send_wr = %u not yet completed, so ibv_wr_complete fails with ENOMEM and "
+             "posts none of them until completions are polled",
+             count, qp->cap.max_send_wr);
+    report("send-queue-full", qp->qp(), call_text("ibv_wr_complete", qp->qp(), "QP", first_id), site,
+           what,
+           "ibv_create_qp(3): max_send_wr is the \"Requested max number of outstanding WRs in "
+           "the SQ\"; ibv_wr_post(3): ibv_wr_complete posts all the WRs or none");
+  }
+  return rc;
+}
+
+// The wr_set_* calls that refuse a gather list or inline data at once (the WR then holds
+// neither, and ibv_wr_complete fails the batch): said here, where the mistake is.
+void check_wr_set_sges(ibv_qp_ex* q, size_t n, Site site) {
+  Qp* qp = Qp::from(&q->qp_base);
+  if (!qp || n <= qp->cap.max_send_sge) return;
+  char what[300];
+  snprintf(what, sizeof(what),
+           "  %zu SGEs is more than the QP's max_send_sge %u: the WR is refused and "
+           "ibv_wr_complete fails the whole batch with EINVAL",
+           n, qp->cap.max_send_sge);
+  report("max-send-sge", qp->qp(), call_text("ibv_wr_set_sge_list", qp->qp(), "QP", q->wr_id),
+         site, what,
+         "ibv_create_qp(3): max_send_sge is the \"Requested max number of scatter/gather "
+         "(s/g) elements in a WR in the SQ\"");
+}
+
+void check_wr_set_inline(ibv_qp_ex* q, uint64_t bytes, Site site) {
+  Qp* qp = Qp::from(&q->qp_base);
+  if (!qp || bytes <= qp->cap.max_inline_data) return;
+  char what[300];
+  snprintf(what, sizeof(what),
+           "  %llu bytes of inline data, more than the QP's max_inline_data %u: the WR is "
+           "refused and ibv_wr_complete fails the whole batch with EINVAL",
+           static_cast<unsigned long long>(bytes), qp->cap.max_inline_data);
+  report("max-inline-data", qp->qp(), call_text("ibv_wr_set_inline_data", qp->qp(), "QP", q->wr_id),
+         site, what,
+         "ibv_create_qp(3): max_inline_data is the \"Requested max number of data (bytes) "
+         "that can be posted inline to the SQ\"");
 }
 
 }  // namespace softverbs::check

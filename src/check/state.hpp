@@ -71,6 +71,13 @@ struct RealOps {
   int (*req_notify_cq)(ibv_cq*, int) = nullptr;
   ibv_qp* (*create_qp_ex)(ibv_context*, ibv_qp_init_attr_ex*) = nullptr;
   ibv_cq_ex* (*create_cq_ex)(ibv_context*, ibv_cq_init_attr_ex*) = nullptr;
+  // Per object, but the same in every one: taken from the first extended QP / CQ.
+  int (*wr_complete)(ibv_qp_ex*) = nullptr;
+  void (*wr_set_sge_list)(ibv_qp_ex*, size_t, const ibv_sge*) = nullptr;
+  void (*wr_set_inline_data)(ibv_qp_ex*, void*, size_t) = nullptr;
+  void (*wr_set_inline_data_list)(ibv_qp_ex*, size_t, const ibv_data_buf*) = nullptr;
+  int (*start_poll)(ibv_cq_ex*, ibv_poll_cq_attr*) = nullptr;
+  int (*next_poll)(ibv_cq_ex*) = nullptr;
 };
 extern RealOps real;
 
@@ -78,8 +85,12 @@ extern RealOps real;
 int checked_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, Site site);
 int checked_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad, Site site);
 int checked_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad, Site site);
+int checked_wr_complete(ibv_qp_ex* q, Site site);
+void check_wr_set_sges(ibv_qp_ex* q, size_t n, Site site);
+void check_wr_set_inline(ibv_qp_ex* q, uint64_t bytes, Site site);
 void before_req_notify(Cq* cq, Site site);
-void explain_completions(const ibv_wc* wc, int n, Site site);
+// `verb`: how they were taken (ibv_poll_cq, or ibv_start_poll / ibv_next_poll).
+void explain_completions(const ibv_wc* wc, int n, Site site, const char* verb);
 void install_engine_hooks();  // the CQ overrun and RNR hooks (core/check_hooks.hpp)
 
 }  // namespace softverbs::check

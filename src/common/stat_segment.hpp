@@ -17,7 +17,11 @@ inline constexpr uint64_t kMagic = 0x3130544154535653;  // "SVSTAT01", little-en
 inline constexpr uint32_t kVersion = 1;
 inline constexpr uint32_t kMaxRecords = 4096;  // a process with more objects: `dropped` counts them
 
-enum Kind : uint32_t { kFree = 0, kContext, kPd, kMr, kCq, kChannel, kQp, kSrq, kKinds };
+enum Kind : uint32_t {
+  kFree = 0, kContext, kPd, kMr, kCq, kChannel, kQp, kSrq,
+  kMw, kAh, kXrcd, kDm,  // appended: a reader skips kinds it does not know (>= its kKinds)
+  kKinds
+};
 
 // Arm states as CQ records report them (the library's wire::ArmWord, asserted equal).
 enum Arm : int32_t { kArmNone = 0, kArmSolicited = 1, kArmNext = 2 };
@@ -46,6 +50,16 @@ enum QpHot {
   kQpEventsAcked,     // uint32
 };
 enum SrqHot { kSrqHead, kSrqTail, kSrqLimit, kSrqMaxWr };  // uint64, uint64, uint32, uint32
+// A window's binding changes on the data path (bind and invalidate WRs): read live.
+enum MwHot {
+  kMwRkey,    // uint32: the key it answers to now
+  kMwMr,      // uint64: our Mr object it is bound to (matches an MR record's `object`), 0: none
+  kMwAddr,    // uint64
+  kMwLength,  // uint64
+  kMwAccess,  // uint32
+  kMwQpn,     // uint32: type 2, the QP it is bound to
+};
+enum XrcdHot { kXrcdUsers };  // int32: SRQs and TGT QPs using the handle
 inline constexpr int kMaxHot = 12;
 
 struct CtxInfo {
@@ -98,6 +112,29 @@ struct SrqInfo {
   uint32_t type;     // ibv_srq_type
 };
 
+struct MwInfo {
+  uint64_t pd;
+  uint32_t type;  // ibv_mw_type: 1 or 2
+};
+struct AhInfo {
+  uint64_t pd;
+  uint8_t dgid[16];
+  uint16_t dlid;
+  uint8_t is_global, sgid_index, port, sl, hop_limit, traffic_class;
+  uint32_t flow_label;
+};
+struct XrcdInfo {
+  uint64_t dev, ino;  // of the file it was opened on (shared), else 0
+  uint32_t shared;    // 1: opened on a file, other handles and processes may share it
+  char path[84];      // that file, as /proc/self/fd named it at ibv_open_xrcd ("" if none)
+};
+struct DmInfo {
+  uint64_t length;
+  uint64_t base;    // where the library keeps it (the application reaches it by copies only)
+  uint32_t handle;  // ibv_dm.handle, for ibv_import_dm
+  uint32_t imported;
+};
+
 struct Record {
   uint32_t seq;               // odd while the library writes the record (atomic_ref there)
   uint32_t kind;              // Kind
@@ -117,6 +154,10 @@ struct Record {
     ChanInfo chan;
     QpInfo qp;
     SrqInfo srq;
+    MwInfo mw;
+    AhInfo ah;
+    XrcdInfo xrcd;
+    DmInfo dm;
   } u;
 };
 

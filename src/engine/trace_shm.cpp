@@ -145,6 +145,12 @@ uint8_t segment_op(bool send, size_t i, size_t count, bool imm, bool inv) {
 }  // namespace
 
 void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
+  // SOFTVERBS_TRACE_SAME_HOST=0: the file holds only what crossed the wire.
+  static const bool same_host = [] {
+    const char* v = std::getenv("SOFTVERBS_TRACE_SAME_HOST");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  if (!same_host) return;
   rw::PcapWriter* out = trace_writer();
   if (!out) return;
   // Each exchange reaches the file when it is written: a process may end with _exit.

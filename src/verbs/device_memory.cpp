@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include "verbs/stat_publish.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs {
@@ -120,6 +121,7 @@ ibv_dm* alloc_dm(Context* ctx, const ibv_alloc_dm_attr* attr) {
     errno = ENOMEM;
     return nullptr;
   }
+  stat::publish(dm);
   return &dm->ibv;
 }
 
@@ -129,6 +131,7 @@ int free_dm(Dm* dm) {
     std::lock_guard<std::mutex> lock(handles().mu);
     handles().live.erase(dm->ibv.handle);
   }
+  stat::withdraw(dm);
   dm->magic = kDead;
   delete dm;  // the memory goes with the last handle on it (an imported one may remain)
   return 0;
@@ -151,10 +154,12 @@ ibv_dm* import_dm(Context* ctx, uint32_t handle) {
     return nullptr;
   }
   dm->imported = true;
+  stat::publish(dm);
   return &dm->ibv;
 }
 
 void unimport_dm(Dm* dm) {
+  stat::withdraw(dm);
   dm->magic = kDead;
   delete dm;
 }

@@ -239,10 +239,12 @@ ibv_ah* create_ah(Pd* pd, const ibv_ah_attr* attr) {
   ah->pd = pd;
   ah->attr = *attr;
   pd->users++;
+  stat::publish(ah);
   return &ah->ibv;
 }
 
 int destroy_ah(Ah* ah) {
+  stat::withdraw(ah);
   ah->pd->users--;
   ah->magic = kDead;
   delete ah;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/device.hpp"
+#include "verbs/stat_publish.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softverbs {
@@ -35,11 +36,13 @@ ibv_mw* alloc_mw(Pd* pd, ibv_mw_type type) {
   mw->ibv.rkey = key;
   mw->ibv.handle = key;
   pd->users++;
+  stat::publish(mw);
   return &mw->ibv;
 }
 
 int dealloc_mw(Mw* mw) {
   MrTable::instance().erase_window(mw);  // unbinds it; waits for in-flight look-ups
+  stat::withdraw(mw);
   mw->pd->users--;
   mw->magic = kDead;
   delete mw;

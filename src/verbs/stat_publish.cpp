@@ -321,6 +321,63 @@ void publish(Srq* srq) {
   });
 }
 
+void publish(Mw* mw) {
+  write(mw, kMw, kMwMagic, [mw](Record& r) {
+    r.handle = address(&mw->ibv);
+    r.context = address(mw->ibv.context);
+    r.u.mw.pd = address(mw->ibv.pd);
+    r.u.mw.type = mw->ibv.type;
+    r.hot[kMwRkey] = offset(mw, &mw->rkey);
+    r.hot[kMwMr] = offset(mw, &mw->mr);
+    r.hot[kMwAddr] = offset(mw, &mw->addr);
+    r.hot[kMwLength] = offset(mw, &mw->length);
+    r.hot[kMwAccess] = offset(mw, &mw->access);
+    r.hot[kMwQpn] = offset(mw, &mw->qpn);
+  });
+}
+
+void publish(Ah* ah) {
+  write(ah, kAh, kAhMagic, [ah](Record& r) {
+    r.handle = address(&ah->ibv);
+    r.context = address(ah->ibv.context);
+    AhInfo& i = r.u.ah;
+    i.pd = address(ah->ibv.pd);
+    std::memcpy(i.dgid, ah->attr.grh.dgid.raw, sizeof(i.dgid));
+    i.dlid = ah->attr.dlid;
+    i.is_global = ah->attr.is_global;
+    i.sgid_index = ah->attr.grh.sgid_index;
+    i.port = ah->attr.port_num;
+    i.sl = ah->attr.sl;
+    i.hop_limit = ah->attr.grh.hop_limit;
+    i.traffic_class = ah->attr.grh.traffic_class;
+    i.flow_label = ah->attr.grh.flow_label;
+  });
+}
+
+void publish(Xrcd* x, const char* path) {
+  write(x, kXrcd, kXrcdMagic, [x, path](Record& r) {
+    r.handle = address(&x->ibv);
+    r.context = address(x->ibv.context);
+    XrcdInfo& i = r.u.xrcd;
+    i.shared = x->domain && x->domain->shared;
+    i.dev = i.shared ? x->domain->dev : 0;
+    i.ino = i.shared ? x->domain->ino : 0;
+    std::snprintf(i.path, sizeof(i.path), "%s", path ? path : "");
+    r.hot[kXrcdUsers] = offset(x, &x->users);
+  });
+}
+
+void publish(Dm* dm) {
+  write(dm, kDm, kDmMagic, [dm](Record& r) {
+    r.handle = address(&dm->ibv);
+    r.context = address(dm->ibv.context);
+    r.u.dm.length = dm->mem ? dm->mem->length : 0;
+    r.u.dm.base = dm->mem ? address(dm->mem->base) : 0;
+    r.u.dm.handle = dm->ibv.handle;
+    r.u.dm.imported = dm->imported;
+  });
+}
+
 void withdraw(const void* object) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_seg || g_seg_pid != getpid()) return;

@@ -15,6 +15,11 @@ void publish(Cq* cq);
 void publish(CompChannel* ch);
 void publish(Qp* qp);
 void publish(Srq* srq);
+void publish(Mw* mw);
+void publish(Ah* ah);
+// `path`: the file the domain was opened on, or "" (fd -1).
+void publish(Xrcd* xrcd, const char* path);
+void publish(Dm* dm);
 // Frees the record of `object` (call before the object is freed).
 void withdraw(const void* object);
 

@@ -232,6 +232,14 @@ ibv_xrcd* open_xrcd(Context* ctx, const ibv_xrcd_init_attr* attr) {
   x->ctx = ctx;
   x->domain = std::move(domain);
   x->ibv.context = ctx->ibv();
+  // The file's name, for `softverbs stat` (what it was opened as; renames are not followed).
+  char path[256] = "";
+  if (attr->fd != -1) {
+    const std::string link = "/proc/self/fd/" + std::to_string(attr->fd);
+    ssize_t n = readlink(link.c_str(), path, sizeof(path) - 1);
+    path[n > 0 ? n : 0] = '\0';
+  }
+  stat::publish(x, path);
   return &x->ibv;
 }
 
@@ -246,6 +254,7 @@ void close_xrcd_domain(const std::shared_ptr<XrcDomain>& d) {
 int close_xrcd(Xrcd* x) {
   if (x->users.load() != 0) return EBUSY;  // SRQs or TGT QPs still use it (as the kernel)
   close_xrcd_domain(x->domain);
+  stat::withdraw(x);
   x->magic = kDead;
   delete x;
   return 0;

@@ -12,6 +12,11 @@ export SOFTVERBS_CHECK=1
 cases=(
   "pingpong ibv_rc_pingpong -n 200 -c"
   "pingpong ibv_rc_pingpong -n 200 -c -e"
+  # The extended API: -N posts through ibv_wr_*, -t polls an ibv_cq_ex through ibv_start_poll.
+  "pingpong ibv_rc_pingpong -n 200 -c -N"
+  "pingpong ibv_rc_pingpong -n 200 -c -N -e"
+  "pingpong ibv_rc_pingpong -n 200 -c -t"
+  "pingpong ibv_rc_pingpong -n 200 -c -N -t -e"
   "pingpong ibv_ud_pingpong -n 200 -c"
   "pingpong ibv_ud_pingpong -n 200 -c -e"
   "pingpong ibv_srq_pingpong -n 200 -c"

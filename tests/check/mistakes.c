@@ -358,6 +358,238 @@ __attribute__((noinline)) void mistake_rnr_retry(void)
 	CHECK_STATUS(wc, IBV_WC_RNR_RETRY_EXC_ERR);
 }
 
+/* ---- the extended API: ibv_wr_* posts on an ibv_qp_ex, ibv_start_poll on an ibv_cq_ex ---- */
+
+/* X: an extended RC QP completing into an extended CQ (on the fixture's channel, if any),
+ * connected to Y, an ordinary QP on B's CQ. */
+static struct ibv_cq_ex *xcq;
+static struct ibv_qp *X, *Y;
+static struct ibv_qp_cap xcap;
+
+static void open_ex(int with_channel, void (*tune)(struct sv_pair_cfg *), int connect)
+{
+	open_fixture(with_channel, NULL);
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	if (tune)
+		tune(&cfg);
+	struct ibv_cq_init_attr_ex ca = {.cqe = 64, .channel = f.ch,
+					 .wc_flags = IBV_WC_STANDARD_FLAGS};
+	xcq = ibv_create_cq_ex(f.dev.ctx, &ca);
+	CHECK(xcq != NULL);
+	struct ibv_qp_init_attr_ex qa = {0};
+	qa.send_cq = qa.recv_cq = ibv_cq_ex_to_cq(xcq);
+	qa.qp_type = IBV_QPT_RC;
+	qa.sq_sig_all = cfg.sq_sig_all;
+	qa.cap.max_send_wr = cfg.max_send_wr;
+	qa.cap.max_recv_wr = cfg.max_recv_wr;
+	qa.cap.max_send_sge = cfg.max_send_sge;
+	qa.cap.max_recv_sge = cfg.max_recv_sge;
+	qa.cap.max_inline_data = cfg.max_inline_data;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.pd = f.dev.pd;
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	X = ibv_create_qp_ex(f.dev.ctx, &qa);
+	CHECK(X != NULL);
+	xcap = qa.cap;
+	struct sv_pair_cfg ycfg;
+	sv_pair_cfg_init(&ycfg);
+	Y = sv_create_qp(&f.dev, &ycfg, f.pair.scq[1], f.pair.rcq[1], NULL, NULL);
+	if (connect)
+		sv_connect(&f.dev, X, Y, &cfg);
+}
+
+static void close_ex(void)
+{
+	CHECK_OK(ibv_destroy_qp(X));
+	CHECK_OK(ibv_destroy_qp(Y));
+	CHECK_OK(ibv_destroy_cq(ibv_cq_ex_to_cq(xcq)));
+}
+
+/* One SEND of mr[0][0, len) from X through the post-send API; what ibv_wr_complete said. */
+#define WR_SEND(p_id, p_lkey, p_len, p_rc)                                                \
+	do {                                                                              \
+		struct ibv_qp_ex *qx_ = ibv_qp_to_qp_ex(X);                               \
+		ibv_wr_start(qx_);                                                        \
+		qx_->wr_id = (p_id);                                                      \
+		qx_->wr_flags = IBV_SEND_SIGNALED;                                        \
+		ibv_wr_send(qx_);                                                         \
+		ibv_wr_set_sge(qx_, (p_lkey), sv_addr(f.mr[0], 0), (p_len));              \
+		(p_rc) = ibv_wr_complete(qx_);                                            \
+	} while (0)
+
+/* Polls xcq through the poll API until `want` completions came (or 5 s); returns them. */
+__attribute__((noinline)) int poll_ex(int want, enum ibv_wc_status *last)
+{
+	int got = 0;
+	long long end = sv_now_ms() + 5000;
+	while (got < want && sv_now_ms() < end) {
+		if (ibv_start_poll(xcq, NULL) != 0) {
+			sv_sleep_ms(1);
+			continue;
+		}
+		do {
+			*last = xcq->status;
+			got++;
+		} while (ibv_next_poll(xcq) == 0);
+		ibv_end_poll(xcq);
+	}
+	return got;
+}
+
+static void ex_small_caps(struct sv_pair_cfg *cfg)
+{
+	cfg->max_send_sge = 1;
+	cfg->max_inline_data = 16;
+	cfg->max_send_wr = 2;
+}
+
+__attribute__((noinline)) void mistake_wr_api(void)
+{
+	open_ex(0, ex_small_caps, 0);
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	ex_small_caps(&cfg);
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(X);
+	int rc;
+	/* A batch on a QP in INIT. */
+	CHECK_OK(sv_modify_init(X, &cfg));
+	WR_SEND(1, f.mr[0]->lkey, 64, rc);
+	CHECK_EQ(rc, EINVAL);
+	CHECK_OK(sv_modify_init(Y, &cfg));
+	CHECK_OK(sv_modify_rtr(X, &f.dev, Y->qp_num, &cfg));
+	CHECK_OK(sv_modify_rtr(Y, &f.dev, X->qp_num, &cfg));
+	CHECK_OK(sv_modify_rts(X, &cfg));
+	CHECK_OK(sv_modify_rts(Y, &cfg));
+	/* More SGEs than max_send_sge. */
+	struct ibv_sge two[2] = {{sv_addr(f.mr[0], 0), 8, f.mr[0]->lkey},
+				 {sv_addr(f.mr[0], 8), 8, f.mr[0]->lkey}};
+	ibv_wr_start(qx);
+	qx->wr_id = 2;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge_list(qx, xcap.max_send_sge + 1, two);
+	CHECK_EQ(ibv_wr_complete(qx), EINVAL);
+	/* More inline bytes than max_inline_data. */
+	char bytes[256] = {0};
+	ibv_wr_start(qx);
+	qx->wr_id = 3;
+	ibv_wr_send(qx);
+	ibv_wr_set_inline_data(qx, bytes, xcap.max_inline_data + 1);
+	CHECK_EQ(ibv_wr_complete(qx), EINVAL);
+	/* A batch longer than the send queue. */
+	ibv_wr_start(qx);
+	for (uint32_t i = 0; i <= xcap.max_send_wr; i++) {
+		qx->wr_id = 10 + i;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(qx);
+		ibv_wr_set_sge(qx, f.mr[0]->lkey, sv_addr(f.mr[0], 0), 64);
+	}
+	CHECK_EQ(ibv_wr_complete(qx), ENOMEM);
+	/* The lkey of a deregistered MR: the WR completes with IBV_WC_LOC_PROT_ERR. */
+	struct ibv_mr *mr = sv_alloc_mr(f.dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+	uint32_t dead = mr->lkey;
+	sv_free_mr(mr);
+	CHECK_OK(sv_post_recv(Y, 100, f.mr[1], 0, 64));
+	WR_SEND(4, dead, 64, rc);
+	CHECK_OK(rc);
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
+	CHECK_EQ(poll_ex(1, &st), 1);
+	CHECK_EQ(st, IBV_WC_LOC_PROT_ERR);
+	drain(f.pair.rcq[1]);
+	close_ex();
+}
+
+static void ex_rnr_once(struct sv_pair_cfg *cfg)
+{
+	cfg->rnr_retry = 1;
+	cfg->min_rnr_timer = 1;
+}
+
+/* An error completion taken through ibv_start_poll is explained as ibv_poll_cq's are. */
+__attribute__((noinline)) void mistake_poll_api(void)
+{
+	open_ex(0, ex_rnr_once, 1);
+	int rc;
+	WR_SEND(1, f.mr[0]->lkey, 64, rc); /* Y has no receive */
+	CHECK_OK(rc);
+	enum ibv_wc_status st = IBV_WC_SUCCESS;
+	CHECK_EQ(poll_ex(1, &st), 1);
+	CHECK_EQ(st, IBV_WC_RNR_RETRY_EXC_ERR);
+	close_ex();
+}
+
+static void send_x_to_y(void *id)
+{
+	int rc;
+	CHECK_OK(sv_post_recv(Y, 100, f.mr[1], 0, 64));
+	WR_SEND((uint64_t)(uintptr_t)id, f.mr[0]->lkey, 64, rc);
+	CHECK_OK(rc);
+	sv_sleep_ms(50);
+}
+
+/* Armed with two completions waiting, the poll API takes only one (ibv_end_poll without
+ * ibv_next_poll): the other makes no event. */
+__attribute__((noinline)) void mistake_lost_wakeup_ex(void)
+{
+	open_ex(1, NULL, 1);
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(xcq), *ev_cq;
+	void *ctx;
+	send_x_to_y((void *)1);
+	send_x_to_y((void *)2);
+	CHECK_OK(ibv_req_notify_cq(cq, 0));
+	CHECK_OK(ibv_start_poll(xcq, NULL));
+	ibv_end_poll(xcq); /* one taken, one left */
+	struct later l = {2000, send_x_to_y, (void *)3, 0};
+	later_start(&l);
+	CHECK(ibv_get_cq_event(f.ch, &ev_cq, &ctx) == 0);
+	ibv_ack_cq_events(ev_cq, 1);
+	later_join(&l);
+	enum ibv_wc_status st;
+	CHECK_EQ(poll_ex(2, &st), 2);
+	drain(f.pair.rcq[1]);
+	close_ex();
+}
+
+static void ex_unsignaled(struct sv_pair_cfg *cfg)
+{
+	cfg->sq_sig_all = 0;
+	cfg->max_send_wr = 4;
+}
+
+/* A correct program on the extended API: batches of two WRs (one signaled) through
+ * ibv_wr_*, the CQ armed before each wait, events acked, the CQ drained with the poll API.
+ * Nothing to report. */
+__attribute__((noinline)) void correct_ex(void)
+{
+	open_ex(1, ex_unsignaled, 1);
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(xcq), *ev_cq;
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(X);
+	void *ctx;
+	CHECK_OK(ibv_req_notify_cq(cq, 0));
+	for (int i = 0; i < 20; i++) {
+		CHECK_OK(sv_post_recv(Y, 100, f.mr[1], 0, 64));
+		CHECK_OK(sv_post_recv(Y, 101, f.mr[1], 0, 64));
+		ibv_wr_start(qx);
+		qx->wr_id = 2 * i;
+		qx->wr_flags = 0;
+		ibv_wr_send(qx);
+		ibv_wr_set_sge(qx, f.mr[0]->lkey, sv_addr(f.mr[0], 0), 64);
+		qx->wr_id = 2 * i + 1;
+		qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		ibv_wr_send(qx);
+		ibv_wr_set_inline_data(qx, sv_ptr(f.mr[0], 0), 16);
+		CHECK_OK(ibv_wr_complete(qx));
+		CHECK(ibv_get_cq_event(f.ch, &ev_cq, &ctx) == 0);
+		ibv_ack_cq_events(ev_cq, 1);
+		CHECK_OK(ibv_req_notify_cq(ev_cq, 0));
+		enum ibv_wc_status st;
+		CHECK_EQ(poll_ex(1, &st), 1);
+		CHECK_EQ(st, IBV_WC_SUCCESS);
+		drain(f.pair.rcq[1]);
+	}
+	close_ex();
+}
+
 /* ---- exit ---------------------------------------------------------------------------- */
 
 __attribute__((noinline)) void mistake_leak(void)
@@ -409,6 +641,10 @@ int main(int argc, char **argv)
 		{"rnr_retry", mistake_rnr_retry},
 		{"leak", mistake_leak},
 		{"correct", correct_events},
+		{"wr_api", mistake_wr_api},
+		{"poll_api", mistake_poll_api},
+		{"lost_wakeup_ex", mistake_lost_wakeup_ex},
+		{"correct_ex", correct_ex},
 	};
 	if (argc != 2) {
 		fprintf(stderr, "usage: mistakes CASE\n");

@@ -68,6 +68,18 @@ for prog in ibv_rc_pingpong ibv_ud_pingpong; do
       (($(count "$dir/$prog-$side.pcap" '$3 != ""') == 5)) || fail "$prog: not 5 DETHs"
     fi
   done
+  if [[ $prog == ibv_rc_pingpong ]]; then
+    # Both ends traced, merged: each packet once, written by the process that posted it
+    # (docs/trace.md says why the receiving side writes none): 5 messages each way, each
+    # SEND FIRST + LAST, and no (opcode, destination QP, PSN) twice.
+    mergecap -F pcap -w "$dir/rc-both.merged" "$dir/$prog-srv.pcap" "$dir/$prog-cli.pcap"
+    tshark -r "$dir/rc-both.merged" -n -T fields -E separator='|' -e infiniband.bth.opcode \
+      -e infiniband.bth.destqp -e infiniband.bth.psn >"$dir/rc-both.fields" 2>/dev/null
+    sends=$(awk -F'|' '$1 == 0 || $1 == 2 { n++ } END { print n + 0 }' "$dir/rc-both.fields")
+    dups=$(sort "$dir/rc-both.fields" | uniq -d | wc -l)
+    echo "both ends merged: $sends SEND packets, $dups duplicated"
+    ((sends == 20 && dups == 0)) || fail "merged two-process trace: $sends SEND packets (want 20), $dups duplicates"
+  fi
 done
 
 echo "== twoproc_inject"

@@ -101,6 +101,7 @@ if [[ -z ${receiver:-} ]]; then
   exit 1
 fi
 
+read -r _ mw_rkey xrcd_file < <(grep '^EXTRA' "$out_file")
 R="p($receiver)"
 S="p($sender)"
 first=$((receiver < sender ? receiver : sender))
@@ -126,7 +127,10 @@ case $MODE in
     expect "PSNs as set" "($R['qps'][0]['sq_psn'], $R['qps'][0]['rq_psn'], $S['qps'][0]['sq_psn'])" \
       "(1000, 2000, 2000)"
     expect "peer processes" "($R['qps'][0]['peer_pid'], $S['qps'][0]['peer_pid'])" "($sender, $receiver)"
-    expect "peer GID" "$R['qps'][0]['dgid']" "::ffff:127.0.0.1"
+    # stat_target addresses its peer by GID 0: this host's first address (docs/roce.md).
+    gid0=$("$SOFTVERBS" run -- ibv_devinfo -v -d softverbs0 |
+      sed -nE 's/^[[:space:]]*GID\[ *0\]:[[:space:]]+([^,]+), RoCE v2$/\1/p')
+    expect "peer GID" "$R['qps'][0]['dgid']" "$gid0"
     # The sender's third receive is used once it polls; it sleeps in read(2) instead.
     expect "receive queues: 4 posted - 2 used; the sender's 3, one maybe used" \
       "($R['qps'][0]['recv_posted'], $S['qps'][0]['recv_posted'] in (2, 3), $R['qps'][0]['max_recv_wr'])" "(2, True, 8)"
@@ -144,6 +148,17 @@ case $MODE in
     expect "SRQ: 6 of 16 posted, limit 4" \
       "[(s['posted'], s['max_wr'], s['limit'], s['type']) for s in $R['srqs']]" "[(6, 16, 4, 'BASIC')]"
     expect "no async events waiting" "$R['contexts'][0]['async_events_waiting']" 0
+    expect "MW: type 1, bound to the second MR, its rkey after the bind" \
+      "[(w['type'], w['bound_mr'] == $R['mrs'][1]['handle'], w['rkey'], w['length'], w['access'], w['qp_num']) for w in $R['mws']]" \
+      "[(1, True, $mw_rkey, 512, 'REMOTE_READ', None)]"
+    expect "MW: the window's address" "int($R['mws'][0]['addr'], 16) - int($R['mrs'][1]['addr'], 16)" 256
+    expect "AH: its destination GID, port, SL, hop limit" \
+      "[(a['dgid'] == $R['qps'][0]['dgid'], a['port'], a['sl'], a['hop_limit'], a['pd'] == $R['pds'][0]['handle']) for a in $R['ahs']]" \
+      "[(True, 1, 3, 9, True)]"
+    expect "XRCD: the file it was opened on, no users" \
+      "[(x['shared'], x['file'], x['users']) for x in $R['xrcds']]" "[(True, '$xrcd_file', 0)]"
+    expect "DM: 4096 bytes, not imported" "[(m['length'], m['imported']) for m in $R['dms']]" "[(4096, False)]"
+    expect "the sender has none of them" "($S['mws'], $S['ahs'], $S['xrcds'], $S['dms'])" "([], [], [], [])"
     evaluate
     stat_json "$sender"
     expect "stat PID: only that process" "[x['pid'] for x in d['processes']]" "[$sender]"
@@ -153,6 +168,11 @@ case $MODE in
     check "table: the receiver's QP in RTS with its peer" \
       'grep -Eq "^  qp0 +$rqpn +RC +RTS +1000 +2000 +$sqpn .* $sender +0/8 +2/8 " <<<"$table"'
     check "table: the receiver's CQ" 'grep -Eq "^  cq0 +[0-9]+ +3 +solicited +ch0 +2 +no" <<<"$table"'
+    check "table: the bound window" \
+      'grep -Eq "^  mw0 +1 +pd0 +0x$(printf %x "$mw_rkey") +mr1 +0x[0-9a-f]+ +512 +REMOTE_READ +- *$" <<<"$table"'
+    check "table: the AH" 'grep -Eq "^  ah0 +pd0 +::ffff:[0-9.]+ +0 +0 +1 +3 +9 *$" <<<"$table"'
+    check "table: the XRCD" 'grep -Eq "^  xrcd0 +$xrcd_file +0 *$" <<<"$table"'
+    check "table: the DM" 'grep -Eq "^  dm0 +4096 +[0-9]+ +no *$" <<<"$table"'
     # An async event nobody takes: the port goes down (IBV_EVENT_PORT_ERR in each process).
     "$SOFTVERBS" port down
     for _ in $(seq 50); do

@@ -7,10 +7,13 @@
  *             without polling; then sends one message itself with the CQ armed and leaves
  *             its event queued on the channel (3 completions wait in the CQ, the channel
  *             is readable); armed solicited-only at the end; an SRQ (max_wr 16) holding 6
- *             receives with limit 4.
+ *             receives with limit 4. Before all that (its completion polled): a type 1
+ *             memory window bound to [buf2 + 256, +512) of a second MR; an address handle
+ *             to its own GID; an XRC domain opened on a file; 4096 bytes of device memory.
  *   sender:   MR of 8192 bytes; sent 2 messages (completions polled); 3 receives posted; CQ
  *             not armed.
- * Then the receiver prints "READY <receiver pid> <sender pid> <receiver qpn> <sender qpn>"
+ * Then the receiver prints "EXTRA <mw rkey> <xrcd file>" and
+ * "READY <receiver pid> <sender pid> <receiver qpn> <sender qpn>"
  * and both wait until killed (the child dies with its parent).
  */
 #define _GNU_SOURCE
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -155,6 +159,51 @@ static void sender(int to_parent, int from_parent)
 		pause();
 }
 
+/* The objects that are not on the data path of the test: a bound window, an AH, an XRC
+ * domain on a file, device memory. The window's bind completion is polled here, before the
+ * CQ is armed, so the CQ's counts later are what the tests expect. */
+static void make_extras(struct side *s)
+{
+	static char buf2[4096];
+	struct ibv_mr *mr2 = ibv_reg_mr(s->pd, buf2, sizeof(buf2),
+					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = mr2 ? ibv_alloc_mw(s->pd, IBV_MW_TYPE_1) : NULL;
+	if (!mw)
+		DIE("ibv_reg_mr/ibv_alloc_mw");
+	struct ibv_mw_bind bind = {.wr_id = 55, .send_flags = IBV_SEND_SIGNALED};
+	bind.bind_info.mr = mr2;
+	bind.bind_info.addr = (uintptr_t)buf2 + 256;
+	bind.bind_info.length = 512;
+	bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+	if (ibv_bind_mw(s->qp, mw, &bind))
+		DIE("ibv_bind_mw");
+	struct ibv_wc wc;
+	int got;
+	while ((got = ibv_poll_cq(s->cq, 1, &wc)) == 0)
+		;
+	if (got < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != 55)
+		DIE("bind completion");
+	struct ibv_ah_attr ah_attr = {.is_global = 1, .port_num = 1, .sl = 3};
+	ah_attr.grh.hop_limit = 9;
+	if (ibv_query_gid(s->ctx, 1, 0, &ah_attr.grh.dgid))
+		DIE("ibv_query_gid");
+	if (!ibv_create_ah(s->pd, &ah_attr))
+		DIE("ibv_create_ah");
+	const char *dir = getenv("SOFTVERBS_STATE_DIR");
+	char path[256];
+	snprintf(path, sizeof(path), "%s/xrcd-file", dir && *dir ? dir : "/tmp");
+	int fd = open(path, O_RDWR | O_CREAT, 0600);
+	struct ibv_xrcd_init_attr xattr = {
+		.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+		.fd = fd, .oflags = O_CREAT};
+	if (fd < 0 || !ibv_open_xrcd(s->ctx, &xattr))
+		DIE("ibv_open_xrcd");
+	struct ibv_alloc_dm_attr dattr = {.length = 4096};
+	if (!ibv_alloc_dm(s->ctx, &dattr))
+		DIE("ibv_alloc_dm");
+	printf("EXTRA %u %s\n", mw->rkey, path);
+}
+
 int main(void)
 {
 	int up[2], down[2];
@@ -176,6 +225,7 @@ int main(void)
 	xread(up[0], &peer, sizeof(peer));
 	xwrite(down[1], &qpn, sizeof(qpn));
 	connect_qp(&s, peer, 1000, 2000);
+	make_extras(&s);
 	post_recvs(&s, 4);
 	xread(up[0], &peer, sizeof(peer));  /* the sender is connected */
 
