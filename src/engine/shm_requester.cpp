@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -82,7 +83,8 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   // The target QP's SRQ, where its receives are claimed (wire::SrqShared), if it has one.
   uint64_t srq_at = ok ? hdr->srq_offset : 0;
   auto* srq = srq_at ? arena.at<wire::SrqShared>(srq_at) : nullptr;
-  if (srq_at && !srq) ok = false;
+  uint32_t srq_claimer = srq ? hdr->srq_claimer : 0;  // read once: our `who` there
+  if (srq_at && (!srq || srq_claimer == 0 || srq_claimer >= wire::kSrqLocal)) ok = false;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
   if (!ok || !cq || pid <= 0) {
@@ -107,6 +109,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.cq = cq;
   pw.mr_table = table;
   pw.srq = srq;
+  pw.srq_claimer = srq_claimer;
   pw.slots = reinterpret_cast<wire::WindowSlot*>(base + slots_at);
   pw.rq_len = reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader));
   pw.rq_cap = rq_cap;
@@ -121,22 +124,29 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
 
 namespace {
 
-// window_slot for a target QP with an SRQ: a small SEND only (which receive it lands in is
-// decided when the target drains it), when every receive the SRQ got holds `len`, the ring
-// has room and one of the SRQ's receives is still unclaimed: claimed now, so that neither
-// another sender nor the target's own responder takes it.
+// window_slot for a target QP with an SRQ: a small SEND only, when the ring has room and the
+// SRQ's lowest unclaimed receive holds `len`: claimed now (its owner word names our window,
+// so the target gives it back if we die before the commit), and named in the slot, so the
+// message lands in exactly that receive. None left, one too small, one given back waiting
+// for the target: the agent path, which answers RNR / the length error exactly.
+// For conformance.twoproc_send_place_srq_dead: a sender that dies between claim and commit.
+const bool g_die_after_srq_claim = getenv("SOFTVERBS_TEST_DIE_AFTER_SRQ_CLAIM") != nullptr;
+
 wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::SrqShared* srq = pw->srq;
-  if (len > wire::kWindowPayload || srq->fits.load(std::memory_order_acquire) < len)
-    return nullptr;
+  if (len > wire::kWindowPayload || srq->given_back.load(std::memory_order_acquire)) return nullptr;
   uint64_t tail = pw->tail;
   if (tail - pw->head >= wire::kWindowSlots) {
     pw->head = pw->hdr->head.load(std::memory_order_acquire);
     if (tail - pw->head >= wire::kWindowSlots) return nullptr;
   }
-  // None left: RNR, via the agent.
-  if (!wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire))) return nullptr;
-  return &pw->slots[tail % wire::kWindowSlots];
+  uint64_t number = wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire), pw->srq_claimer, len);
+  if (number == wire::kSrqNone) return nullptr;
+  if (g_die_after_srq_claim) _exit(0);
+  pw->srq_number = number;
+  wire::WindowSlot* s = &pw->slots[tail % wire::kWindowSlots];
+  s->receive = number;
+  return s;
 }
 
 }  // namespace
@@ -167,8 +177,17 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   return &pw->slots[tail % wire::kWindowSlots];
 }
 
+// The claimed receive goes back through the ring (a void slot), in order with what we
+// commit next; the doorbell has the target drain it soon.
 void window_unclaim(wire::PeerWindow* pw) {
-  if (pw->srq) pw->srq->claimed.fetch_sub(1, std::memory_order_acq_rel);
+  if (!pw->srq) return;
+  wire::WindowSlot& s = pw->slots[pw->tail % wire::kWindowSlots];
+  s.opcode = wire::kWindowVoid;
+  s.length = 0;
+  s.receive = pw->srq_number;
+  s.seq.store(pw->tail + 1, std::memory_order_release);
+  ++pw->tail;
+  pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
 }
 
 // Hands the message whose payload is already in `s` (from window_slot) to the target.

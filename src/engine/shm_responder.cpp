@@ -66,44 +66,7 @@ bool any_on_demand(const RecvWqe& r) {
   return false;
 }
 
-// What a receive of an SRQ holds, 0 if its buffers fail the checks (key lock held, shared).
-uint32_t srq_receive_capacity(Srq* srq, const RecvWqe& r) {
-  iovec dst[Limits::max_sge];
-  int n;
-  int64_t cap = resolve_recv(srq->pd, r, dst, &n);
-  return cap < 0 ? 0 : static_cast<uint32_t>(std::min<int64_t>(cap, UINT32_MAX));
-}
-
-// The block through which senders claim srq's receives (wire::SrqShared), made when the
-// first of its QPs opens a window; its offset, 0 if none. Caller holds the key lock
-// (shared) and srq->mu.
-uint64_t srq_shared_locked(Srq* srq, wire::Arena* arena) {
-  if (wire::SrqShared* sh = srq->shared.load(std::memory_order_relaxed))
-    return reinterpret_cast<char*>(sh) - arena->base();
-  uint64_t off = arena->allocate(sizeof(wire::SrqShared));
-  if (!off) return 0;
-  auto* sh = arena->at<wire::SrqShared>(off);
-  uint32_t fits = UINT32_MAX;
-  for (uint64_t i = 0; i < srq->rq.size(); ++i)
-    fits = std::min(fits, srq_receive_capacity(srq, srq->rq[i]));
-  srq->posted = srq->rq.size();  // all of them unclaimed
-  sh->fits.store(fits, std::memory_order_relaxed);
-  sh->claimed.store(0, std::memory_order_relaxed);
-  sh->posted.store(srq->posted, std::memory_order_release);
-  srq->shared.store(sh, std::memory_order_release);
-  return off;
-}
-
 }  // namespace
-
-void publish_srq_receive_locked(Srq* srq, const RecvWqe& r, bool keys_held) {
-  wire::SrqShared* sh = srq->shared.load(std::memory_order_relaxed);
-  if (!sh) return;
-  uint32_t cap = keys_held ? srq_receive_capacity(srq, r) : 0;
-  // Lowered before the receive is counted: a sender that sees the count sees the bound.
-  if (cap < sh->fits.load(std::memory_order_relaxed)) sh->fits.store(cap, std::memory_order_release);
-  sh->posted.store(++srq->posted, std::memory_order_release);
-}
 
 uint32_t receive_capacity(Qp* t, RecvWqe& r) {
   iovec dst[Limits::max_sge];
@@ -163,10 +126,12 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   hdr->qpn = t->qpn();
   hdr->peer_qpn = peer_qpn;
   hdr->cq_offset = t->recv_cq->shared_offset;
+  uint32_t claimer = 0;
   if (srq) {
     std::lock_guard<QueueMutex> srq_lock(srq->mu);
     hdr->srq_offset = srq_shared_locked(srq, arena);
-    if (!hdr->srq_offset) {
+    hdr->srq_claimer = claimer = srq_new_claimer_locked(srq);
+    if (!hdr->srq_offset || !claimer) {
       arena->release(off, bytes);
       return 0;
     }
@@ -183,7 +148,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   hdr->rq_cap = rq_cap;
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
   uint64_t i = 0;
-  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, 0, 0, off, bytes, peer_pid};
+  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, 0, 0, off, bytes, peer_pid, claimer};
   for (; i < t->rq.size(); ++i) {
     uint32_t cap = receive_capacity(t, t->rq[i]);
     hdr->rq_len()[i & (rq_cap - 1)] = cap;
@@ -254,11 +219,11 @@ void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   wire::InboundWindow& in = t->inbound;
-  // A QP of an SRQ: its messages land in the SRQ's next receive, claimed by their sender.
+  // A QP of an SRQ: each message lands in the SRQ receive its sender claimed (its number
+  // in the slot's `receive`, srq_claims.cpp).
   Srq* srq = t->srq;
   std::unique_lock<QueueMutex> srq_lock;
   if (srq) srq_lock = std::unique_lock<QueueMutex>(srq->mu);
-  RingQueue<RecvWqe>& q = srq ? srq->rq : t->rq;
   // Message #head is there once its slot's seq says head + 1: stop at the first that is not.
   for (uint64_t head = in.head; sink.room(); ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
@@ -276,8 +241,20 @@ void drain_window_into(Qp* t, Sink& sink) {
     // must be the one it completes.
     const bool placed = opcode & wire::kWindowPlaced;
     opcode &= ~wire::kWindowPlaced;
-    // (An SRQ's receive is never placed into; one missing was claimed twice: garbage.)
-    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || q.empty() ||
+    // An SRQ receive this window's sender did not claim, or one we no longer hold: garbage.
+    const uint64_t number = slot.receive;
+    if (srq && !srq_claimed_by(srq, number, in.srq_claimer)) {
+      kill_window_locked(t);
+      return;
+    }
+    if (srq && opcode == wire::kWindowVoid && !placed) {  // claimed, then not used: back
+      srq_give_back(srq, number);
+      in.head = head + 1;
+      hdr->head.store(in.head, std::memory_order_release);
+      continue;
+    }
+    // (An SRQ's receive is never placed into.)
+    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || (!srq && t->rq.empty()) ||
         (placed ? srq || slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
       kill_window_locked(t);
       return;
@@ -286,7 +263,7 @@ void drain_window_into(Qp* t, Sink& sink) {
       t->comm_est_raised = true;
       raise_qp_event(t, IBV_EVENT_COMM_EST);
     }
-    const RecvWqe& r = q.front();
+    const RecvWqe& r = srq ? srq_receive(srq, number) : t->rq.front();
     ibv_wc& wc = sink.next();
     wc.wr_id = r.wr_id;
     wc.qp_num = t->qpn();
@@ -307,12 +284,11 @@ void drain_window_into(Qp* t, Sink& sink) {
       cap = resolve_recv(srq ? srq->pd : t->pd, r, dst, &n);
     }
     bool ok = cap >= 0;
-    q.pop_front();
+    if (srq)
+      srq_consume(srq, number);
+    else
+      t->rq.pop_front();
     in.head = head + 1;
-    if (srq && srq->limit && q.size() < srq->limit) {
-      srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
-      raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
-    }
     // The requester checked the published capacity; the MR may have gone since.
     if (!ok || cap < len) {
       wc.status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
@@ -336,19 +312,14 @@ void drain_window_into(Qp* t, Sink& sink) {
   }
 }
 
-// Closing t's window with messages still in its ring (RESET, destroy): the SRQ receives
-// their senders claimed go back to the others. Caller holds t->rq_mu.
+// Closing t's window (RESET, destroy, ERR after the drain): SRQ receives its sender claimed
+// and no message in the ring will use (the sender died between claim and commit, or the
+// messages are discarded) go back, to the next message. Caller holds t->rq_mu.
 void release_srq_claims_locked(Qp* t) {
   Srq* srq = t->srq;
   if (!srq) return;
-  const wire::InboundWindow& in = t->inbound;
-  uint64_t left = 0;
-  while (left < wire::kWindowSlots &&
-         in.slots[(in.head + left) % wire::kWindowSlots].seq.load(std::memory_order_acquire) ==
-             in.head + left + 1)
-    ++left;
   std::lock_guard<QueueMutex> lock(srq->mu);
-  for (; left; --left) unclaim_srq_receive(srq);
+  srq_give_back_claimer(srq, t->inbound.srq_claimer);
 }
 
 }  // namespace
@@ -438,9 +409,9 @@ void close_window(Qp* t, bool deliver) {
     if (t->window.load(std::memory_order_relaxed)) {
       // Messages already in the ring were acknowledged to the sender: they land first.
       if (deliver) drain_window_locked(t);
-      release_srq_claims_locked(t);
       kill_window_locked(t);
     }
+    release_srq_claims_locked(t);  // also when a drain killed the window before
   }
   // Also when the window is already dead (a drain killed it, e.g. over a peer's garbage):
   // the CQ must not keep a pointer to a QP that is about to be destroyed.

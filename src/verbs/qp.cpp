@@ -888,7 +888,7 @@ int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (srq->shared.load(std::memory_order_acquire)) keys.lock();
     std::lock_guard<QueueMutex> lock(srq->mu);
     for (; wr; wr = wr->next) {
-      if (srq->rq.size() >= srq->max_wr) {
+      if (engine::srq_full_locked(srq)) {
         err = ENOMEM;
         break;
       }

@@ -28,6 +28,9 @@ namespace softverbs::wire {
 inline constexpr uint32_t kWindowMagic = 0x5356574e;  // "SVWN"
 inline constexpr uint32_t kWindowSlots = 32;
 inline constexpr uint32_t kWindowPayload = 4096;
+// A slot to a QP of an SRQ that carries no message: its sender claimed `receive` and then
+// could not use it (a bad key found after the claim); the target gives it back.
+inline constexpr uint32_t kWindowVoid = 0x200;
 
 struct alignas(64) WindowSlot {
   std::atomic<uint64_t> seq;  // message number + 1, stored (release) after the rest
@@ -35,7 +38,8 @@ struct alignas(64) WindowSlot {
   uint32_t flags;   // send flags (IBV_SEND_SOLICITED matters)
   uint32_t imm;     // network order
   uint32_t length;
-  uint64_t receive;  // with kWindowPlaced: the receive (number since opening) it landed in
+  uint64_t receive;  // with kWindowPlaced: the receive (number since opening) it landed in;
+                     // to a QP of an SRQ: the SRQ receive it claimed (SrqShared)
   uint8_t data[kWindowPayload];  // the first 32 bytes share the line with seq
 };
 
@@ -56,6 +60,7 @@ struct WindowHeader {
   uint64_t mr_table_offset;    // in the owner's read-only published region
   uint32_t mr_table_cap;
   int32_t owner_pid;
+  uint32_t srq_claimer;        // with srq_offset: this window's `who` in SrqShared's owner words
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
   alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
@@ -77,26 +82,59 @@ inline RecvPlace* window_places(WindowHeader* hdr, uint32_t rq_cap) {
                                       window_places_at(sizeof(WindowHeader), rq_cap));
 }
 
-// The receives of an SRQ whose QPs have receive windows (docs/send-placement.md, "SRQ"):
-// the target counts the receives it posted; every consumer, a sender in another process
-// before it commits a small SEND to its QP's window as much as the target's own responders,
-// claims one with a compare-and-swap bounded by that count, so that no receive is promised
-// twice. Which receive a window's message lands in is decided when the target drains it
-// (the SRQ's next), so a sender also checks `fits`: the least capacity of any receive
-// posted since the block was made (0: one could not be checked). All peer-writable.
-struct SrqShared {
-  alignas(64) std::atomic<uint64_t> posted;  // target: receives posted
-  std::atomic<uint32_t> fits;
-  alignas(64) std::atomic<uint64_t> claimed;  // receives promised to a message
-};
-static_assert(sizeof(SrqShared) == 128);
+// The receives of an SRQ whose QPs have receive windows (docs/send-placement.md, "SRQ").
+// The target numbers its receives in the order posted (from 0 when the block was made) and
+// publishes each one's capacity before it counts it in `posted`. Every consumer, a sender in
+// another process before it commits a SEND to its QP's window as much as the target's own
+// responders, claims the lowest unclaimed number with one compare-and-swap on that
+// receive's `owner` word, which then names the claimer (`who`: the window's claimer id,
+// kSrqLocal for the target itself) and the number's generation, so that:
+//  - no receive is promised twice, and a message lands in exactly the receive it claimed
+//    (a sender checked that one's capacity before claiming it);
+//  - a claim whose sender died before committing its message is found by its tag and
+//    given back by the target (engine/srq_claims.cpp).
+// `claimed` is a hint (the lowest number perhaps unclaimed), advanced by whoever sees its
+// number taken. `given_back` is nonzero while a receive given back waits for the target's
+// own next consumer: senders then take the agent path, so that receive goes to the next
+// message. All of it is peer-writable: see the trust notes in docs/send-placement.md.
+inline constexpr uint32_t kSrqNumbers = 1u << 14;  // at least an SRQ's max_wr (checked in engine)
+inline constexpr uint32_t kSrqLocal = 0xffffff;     // who: the target's own responders
+inline constexpr uint64_t srq_tag(uint64_t number, uint32_t who) {
+  return (number / kSrqNumbers) << 24 | who;  // who 0: free for `number`
+}
+inline constexpr uint64_t kSrqNone = UINT64_MAX;
 
-// Claims one receive of `s` if fewer than `posted` are claimed.
-inline bool srq_claim(SrqShared* s, uint64_t posted) {
+struct SrqShared {
+  alignas(64) std::atomic<uint64_t> posted;     // target: receives numbered below are posted
+  std::atomic<uint32_t> given_back;             // target: see above
+  alignas(64) std::atomic<uint64_t> claimed;    // hint: the lowest number perhaps unclaimed
+  alignas(64) std::atomic<uint64_t> owner[kSrqNumbers];    // receive n at n % kSrqNumbers
+  std::atomic<uint32_t> capacity[kSrqNumbers];  // target: receive n's bytes (0: not for senders)
+};
+
+// Claims the lowest unclaimed receive numbered below `posted` for `who`, if it holds `len`
+// bytes: its number, or kSrqNone (none left, too small, or garbage met: the agent path).
+inline uint64_t srq_claim(SrqShared* s, uint64_t posted, uint32_t who, uint32_t len) {
   uint64_t c = s->claimed.load(std::memory_order_acquire);
-  while (c < posted)
-    if (s->claimed.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) return true;
-  return false;
+  for (int tries = 0; tries < 1024; ++tries) {  // bounded: peers may keep changing it
+    if (c >= posted) return kSrqNone;
+    std::atomic<uint64_t>& e = s->owner[c % kSrqNumbers];
+    uint64_t v = e.load(std::memory_order_acquire);
+    if (v == srq_tag(c, 0)) {
+      // Read while the number is still free: a capacity written for a later receive in
+      // this place means c was taken meanwhile, and the swap below fails.
+      if (s->capacity[c % kSrqNumbers].load(std::memory_order_relaxed) < len) return kSrqNone;
+      if (!e.compare_exchange_strong(v, srq_tag(c, who), std::memory_order_acq_rel)) continue;
+      uint64_t expect = c;
+      s->claimed.compare_exchange_strong(expect, c + 1, std::memory_order_acq_rel);
+      return c;
+    }
+    if (v >> 24 != c / kSrqNumbers || (v & kSrqLocal) == 0) return kSrqNone;  // garbage or older
+    // Taken: move the hint on (or see where another moved it).
+    uint64_t expect = c;
+    c = s->claimed.compare_exchange_strong(expect, c + 1, std::memory_order_acq_rel) ? c + 1 : expect;
+  }
+  return kSrqNone;
 }
 
 // CQ arm values, shared by the target and its requesters.
@@ -159,6 +197,7 @@ struct InboundWindow {
   uint64_t offset = 0;
   uint64_t bytes = 0;
   pid_t writer = 0;
+  uint32_t srq_claimer = 0;  // QP of an SRQ: the writer's `who` in the SRQ's owner words
 };
 
 // What a QP keeps of its peer's receive window, requester side, when the peer is another
@@ -168,6 +207,8 @@ struct PeerWindow {
   CqShared* cq = nullptr;
   const MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
   SrqShared* srq = nullptr;  // the target QP's SRQ, or nullptr (its own receive queue)
+  uint32_t srq_claimer = 0;  // our `who` there
+  uint64_t srq_number = 0;   // the receive window_slot claimed last
   // Checked once when the window was opened and never read back from the peer's memory:
   WindowSlot* slots = nullptr;
   const uint32_t* rq_len = nullptr;
