@@ -129,8 +129,12 @@ namespace {
 // so the target gives it back if we die before the commit), and named in the slot, so the
 // message lands in exactly that receive. None left, one too small, one given back waiting
 // for the target: the agent path, which answers RNR / the length error exactly.
-// For conformance.twoproc_send_place_srq_dead: a sender that dies between claim and commit.
-const bool g_die_after_srq_claim = getenv("SOFTVERBS_TEST_DIE_AFTER_SRQ_CLAIM") != nullptr;
+// For conformance.twoproc_send_place_srq_dead: a sender that dies between claim and commit
+// (read at the first claim, so a forked test process may set it).
+bool die_after_srq_claim() {
+  static const bool die = getenv("SOFTVERBS_TEST_DIE_AFTER_SRQ_CLAIM") != nullptr;
+  return die;
+}
 
 wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::SrqShared* srq = pw->srq;
@@ -142,7 +146,7 @@ wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
   }
   uint64_t number = wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire), pw->srq_claimer, len);
   if (number == wire::kSrqNone) return nullptr;
-  if (g_die_after_srq_claim) _exit(0);
+  if (die_after_srq_claim()) _exit(0);
   pw->srq_number = number;
   wire::WindowSlot* s = &pw->slots[tail % wire::kWindowSlots];
   s->receive = number;
