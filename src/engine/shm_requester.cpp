@@ -124,8 +124,8 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
 
 namespace {
 
-// window_slot for a target QP with an SRQ: a small SEND only, when the ring has room and the
-// SRQ's lowest unclaimed receive holds `len`: claimed now (its owner word names our window,
+// window_slot for a target QP with an SRQ: when the ring has room and the SRQ's lowest
+// unclaimed receive holds `len` (a small SEND, or a large one the caller places): claimed now (its owner word names our window,
 // so the target gives it back if we die before the commit), and named in the slot, so the
 // message lands in exactly that receive. None left, one too small, one given back waiting
 // for the target: the agent path, which answers RNR / the length error exactly.
@@ -138,7 +138,7 @@ bool die_after_srq_claim() {
 
 wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::SrqShared* srq = pw->srq;
-  if (len > wire::kWindowPayload || srq->given_back.load(std::memory_order_acquire)) return nullptr;
+  if (srq->given_back.load(std::memory_order_acquire)) return nullptr;
   uint64_t tail = pw->tail;
   if (tail - pw->head >= wire::kWindowSlots) {
     pw->head = pw->hdr->head.load(std::memory_order_acquire);

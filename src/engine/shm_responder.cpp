@@ -253,9 +253,9 @@ void drain_window_into(Qp* t, Sink& sink) {
       hdr->head.store(in.head, std::memory_order_release);
       continue;
     }
-    // (An SRQ's receive is never placed into.)
+    // (A placed message to an SRQ names its receive like any: checked above.)
     if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || (!srq && t->rq.empty()) ||
-        (placed ? srq || slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
+        (placed ? !srq && slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
       kill_window_locked(t);
       return;
     }

@@ -52,8 +52,11 @@ uint64_t srq_shared_locked(Srq* srq, wire::Arena* arena) {
   srq->consumed_ahead = 0;
   srq->consumed.assign(wire::kSrqNumbers, 0);
   srq->given_back.clear();
-  for (uint64_t i = 0; i < srq->rq.size(); ++i)
-    sh->capacity[i].store(srq_receive_capacity(srq, srq->rq[i]), std::memory_order_relaxed);
+  for (uint64_t i = 0; i < srq->rq.size(); ++i) {
+    uint32_t cap = srq_receive_capacity(srq, srq->rq[i]);
+    publish_place(sh->place[i], srq->rq[i], cap);
+    sh->capacity[i].store(cap, std::memory_order_relaxed);
+  }
   srq->posted = srq->rq.size();
   sh->posted.store(srq->posted, std::memory_order_release);
   srq->shared.store(sh, std::memory_order_release);
@@ -69,7 +72,9 @@ void publish_srq_receive_locked(Srq* srq, const RecvWqe& r, bool keys_held) {
   wire::SrqShared* sh = srq->shared.load(std::memory_order_relaxed);
   if (!sh) return;
   uint32_t cap = keys_held ? srq_receive_capacity(srq, r) : 0;
-  // Written before the receive is counted: a sender that sees the count sees its capacity.
+  // Written before the receive is counted: a sender that sees the count sees its capacity
+  // and where it lands (no place without the keys: capacity 0).
+  publish_place(sh->place[place_of(srq->posted)], r, cap);
   sh->capacity[place_of(srq->posted)].store(cap, std::memory_order_relaxed);
   sh->posted.store(++srq->posted, std::memory_order_release);
 }

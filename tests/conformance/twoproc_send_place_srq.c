@@ -2,13 +2,14 @@
  * SENDs from two processes into one SRQ of a third (docs/send-placement.md, "SRQ"): the
  * receiver (parent) has two RC QPs on one SRQ, each connected to a sender process; both
  * senders stream SENDs of sizes from 1 B to 256 KiB at once (up to 4 KiB through the QP's
- * receive window, the SRQ's receives claimed by the senders; larger through the receiver's
- * agent) while the receiver keeps the SRQ topped up. Every receive is used exactly once (no
+ * receive window, larger placed by the sender straight into the SRQ receive it claimed)
+ * while the receiver keeps the SRQ topped up. Every receive is used exactly once (no
  * two messages in one buffer: each completion's bytes are checked whole against the pattern
  * of the message its QP says it carried), each QP's messages complete in the order sent,
  * and all of them arrive.
  * Then the window path itself: sender 0 stops the receiver (SIGSTOP, all its threads, its
- * agent included) and sends small SENDs; they complete while it cannot run, so nothing of
+ * agent included) and sends SENDs of 1 B to 256 KiB (the large ones placed by the sender
+ * straight into the SRQ receive it claimed); they complete while it cannot run, so nothing of
  * the receiver's took part; it checks them once it runs again, and the SRQ limit armed
  * before fires once. Not between hosts.
  */
@@ -50,7 +51,8 @@ static int stopped(pid_t pid)
 
 static uint32_t stopped_len(unsigned m)
 {
-	static const uint32_t sizes[] = {1, 4096, 100, 2048, 4000, 64};
+	/* Small ones through the ring, large ones placed by the sender into the receive. */
+	static const uint32_t sizes[] = {1, 4096, 100000, 2048, 262144, 4097};
 	return sizes[m % 6];
 }
 
@@ -89,7 +91,7 @@ static void sender(int sock)
 		CHECK(stopped(receiver));
 		for (unsigned m = 0; m < STOPPED_MSGS; m++) {
 			uint32_t len = stopped_len(m);
-			size_t off = (size_t)m * 4096;
+			size_t off = (size_t)m * SLOT;
 			uint8_t *p = sv_ptr(r.mr, off);
 			for (size_t i = 0; i < len; i++)
 				p[i] = pattern(who, MSGS + m, i);
@@ -169,7 +171,7 @@ int main(void)
 	for (int i = 0; i < 2; i++)
 		CHECK_EQ(sv_hear(sock[i]), 2);
 	if (!sv_peer_on_other_host()) {
-		sv_step("small SENDs while the receiver is stopped");
+		sv_step("SENDs while the receiver is stopped");
 		/* NSLOT receives posted; the six taken leave NSLOT - 6 < 12: the limit fires, when
 		 * the receiver takes them (drains the window), once. */
 		struct ibv_srq_attr limit = {.srq_limit = 12};

@@ -110,6 +110,7 @@ struct SrqShared {
   alignas(64) std::atomic<uint64_t> claimed;    // hint: the lowest number perhaps unclaimed
   alignas(64) std::atomic<uint64_t> owner[kSrqNumbers];    // receive n at n % kSrqNumbers
   std::atomic<uint32_t> capacity[kSrqNumbers];  // target: receive n's bytes (0: not for senders)
+  RecvPlace place[kSrqNumbers];  // target: where receive n lands (large SENDs, recv_place.hpp)
 };
 
 // Claims the lowest unclaimed receive numbered below `posted` for `who`, if it holds `len`
