@@ -3,8 +3,8 @@
  * (docs/send-placement.md, "SRQ"): the receiver (parent) has two RC QPs on one SRQ with two
  * receives, QP 0 connected to a sender that claims the first receive for a small SEND and
  * exits before writing it (SOFTVERBS_TEST_DIE_AFTER_SRQ_CLAIM), QP 1 to a live sender.
- * When QP 0 goes to ERR (its peer is gone: IBV_EVENT_QP_FATAL after its retry budget), the
- * claimed receive is given back and goes to the next message, in order: the live sender's
+ * When QP 0 goes to ERR (its peer is gone: IBV_EVENT_QP_FATAL after its retry budget, then
+ * IBV_EVENT_QP_LAST_WQE_REACHED once it holds no SRQ receive), the claimed receive is given back and goes to the next message, in order: the live sender's
  * two SENDs land in receive 0 and then receive 1. Before, receive 0 stayed claimed for
  * good and the second SEND met RNR forever. Not between hosts.
  */
@@ -87,15 +87,19 @@ int main(void)
 	CHECK(waitpid(child[0], &status, 0) == child[0]);
 	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the dying sender: status %#x", status);
 
-	sv_step("its QP goes to ERR");
-	int fatal = 0;
+	sv_step("its QP goes to ERR and takes no more SRQ receives");
+	/* Last WQE Reached: the QP will consume no more of the SRQ's receives, so the one its
+	 * peer claimed is back by then. */
+	int fatal = 0, last = 0;
 	struct ibv_async_event ev;
-	while (!fatal && sv_wait_async(dev.ctx, 5000, &ev)) {
+	while (!last && sv_wait_async(dev.ctx, 5000, &ev)) {
 		if (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == qp[0])
 			fatal = 1;
+		if (ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == qp[0])
+			last = 1;
 		ibv_ack_async_event(&ev);
 	}
-	CHECK(fatal);
+	CHECK(fatal && last);
 
 	sv_step("the live sender's two SENDs take receive 100, then 101");
 	sv_say(sock[1], 2);
