@@ -55,7 +55,7 @@ void look_at_peer(Qp* qp, uint32_t rkey, PeerKey* out) {
   k.qp_access = pw->hdr->qp_access.load(std::memory_order_acquire);
   k.max_dest_rd_atomic = pw->hdr->max_dest_rd_atomic;
   k.pd_token = pw->pd_token;
-  const uint32_t index = rkey >> 8;
+  const uint32_t index = wire::key_index(rkey);
   if (index == 0 || index >= wire::kMrTableCap) return;
   if (wire::read_mr_entry(pw->mr_table, rkey, &k.entry)) {
     k.slot = PeerKey::kLive;

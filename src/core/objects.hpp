@@ -438,6 +438,18 @@ struct Srq {
   Xrcd* xrcd = nullptr;
   Cq* xrc_cq = nullptr;
   uint32_t srq_num = 0;
+  // Once a QP of it opened a receive window (engine/srq_claims.cpp): the block through
+  // which senders in other processes claim its receives (never freed: they may still
+  // write it). From then on (under mu) rq[i] is receive number popped + i, posted is
+  // popped + rq.size(), receives are consumed in any order (a claimed one when its
+  // message is drained) and leave rq once all before them went too.
+  std::atomic<wire::SrqShared*> shared{nullptr};
+  uint64_t posted = 0;
+  uint64_t popped = 0;
+  uint32_t consumed_ahead = 0;         // consumed, still in rq behind an earlier one
+  std::vector<uint8_t> consumed;       // by number % wire::kSrqNumbers
+  std::set<uint64_t> given_back;       // claimed and given back: the next local consumer's
+  uint32_t next_claimer = 1;           // the next window's `who`
   static Srq* from(ibv_srq* s);
 };
 

@@ -163,6 +163,28 @@ void publish_receive_locked(Qp* t, const RecvWqe& r, uint32_t capacity);
 // (shm_send_place.cpp); same locks.
 void publish_place(wire::RecvPlace& p, const RecvWqe& r, uint32_t capacity);
 void drain_window_locked(Qp* t);  // caller holds the key lock (shared) and t->rq_mu
+// SRQs whose QPs have receive windows (wire::SrqShared, srq_claims.cpp); caller holds
+// srq->mu. publish_srq_receive_locked numbers and publishes receive `r` (the newest of
+// srq->rq; its capacity checked under the key lock (shared) if keys_held, else 0: for no
+// sender). A local consumer (agent, RoCE, UD responders) takes the next receive with
+// srq_take_local (its number; false: none, or all promised to windows' messages: answer as
+// for an empty queue), reads it with srq_receive, and then either consumes it or gives it
+// back. Without a block these are the plain front of srq->rq.
+void publish_srq_receive_locked(Srq* srq, const RecvWqe& r, bool keys_held);
+bool srq_take_local(Srq* srq, uint64_t* number);
+RecvWqe& srq_receive(Srq* srq, uint64_t number);
+void srq_consume(Srq* srq, uint64_t number);  // also raises the SRQ limit event
+void srq_give_back(Srq* srq, uint64_t number);
+// No room for another receive: max_wr of them not consumed yet (or, with a block, a
+// receive still claimed kSrqNumbers behind the newest: a claimer that never drains).
+bool srq_full_locked(Srq* srq);
+// Window side (shm_responder.cpp), same lock: the block (made with the first window; its
+// offset, 0: none), a new window's claimer id (0: none left), whether `number` is a receive
+// we hold that `claimer` claimed, and every such receive given back (its window closed).
+uint64_t srq_shared_locked(Srq* srq, wire::Arena* arena);
+uint32_t srq_new_claimer_locked(Srq* srq);
+bool srq_claimed_by(Srq* srq, uint64_t number, uint32_t claimer);
+void srq_give_back_claimer(Srq* srq, uint32_t claimer);
 void drain_inbound(Cq* cq);
 // ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in
 // `wc` (at most `max`), when the ring is empty and the CQ unarmed; 0 leaves it to

@@ -93,26 +93,38 @@ class RecvQueue {
  public:
   explicit RecvQueue(const Target& tg)  // tg.qp is there unless tg.srq is
       : t_(tg.qp), srq_(tg.srq), lock_(srq_ ? srq_->mu : t_->rq_mu), q_(srq_ ? srq_->rq : t_->rq) {}
-  bool empty() const { return q_.empty(); }
+  // An SRQ's receive is taken here (srq_claims.cpp: one promised to a message in a
+  // receive window counts as not there) and given back when this goes unconsumed.
+  bool empty() {
+    if (!srq_) return q_.empty();
+    if (!taken_ && !(taken_ = srq_take_local(srq_, &number_))) return true;
+    return false;
+  }
+  ~RecvQueue() {
+    if (taken_) srq_give_back(srq_, number_);
+  }
   // Remember a sender that met an empty queue, to retry it once a receive is posted.
   void add_waiter(uint32_t qpn) { (srq_ ? srq_->rnr_waiters : t_->rnr_waiters).insert(qpn); }
-  const RecvWqe& front() const { return q_.front(); }
+  const RecvWqe& front() const { return srq_ ? srq_receive(srq_, number_) : q_.front(); }
   // Takes the front WQE for good (it is about to complete); until then a message that
   // does not arrive whole leaves it where it is, for the retry.
   void consume() {
+    if (srq_) {  // (also raises the SRQ limit event)
+      srq_consume(srq_, number_);
+      taken_ = false;
+      return;
+    }
     q_.pop_front();
     // The peer's window counts receives spoken for; this one was taken off the ring path.
     if (wire::WindowHeader* w = t_ ? t_->window.load(std::memory_order_relaxed) : nullptr)
       w->rq_taken.fetch_add(1, std::memory_order_relaxed);
-    if (Srq* srq = srq_; srq && srq->limit && q_.size() < srq->limit) {
-      srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
-      raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
-    }
   }
 
  private:
   Qp* t_;
   Srq* srq_;
+  bool taken_ = false;
+  uint64_t number_ = 0;
   std::lock_guard<QueueMutex> lock_;
   RingQueue<RecvWqe>& q_;
 };

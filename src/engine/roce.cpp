@@ -707,10 +707,13 @@ struct RoceLink final : packet::Env {
     QueueMutex& lock_mu = srq ? srq->mu : qp->rq_mu;
     RingQueue<RecvWqe>& q = srq ? srq->rq : qp->rq;
     std::lock_guard<QueueMutex> lock(lock_mu);
-    if (q.empty()) return std::nullopt;
+    // (An SRQ receive promised to a message in a receive window counts as not there.)
+    uint64_t number = 0;
+    if (srq ? !srq_take_local(srq, &number) : q.empty()) return std::nullopt;
+    const RecvWqe& taken = srq ? srq_receive(srq, number) : q.front();
     packet::RecvWqe r;
-    r.wr_id = q.front().wr_id;
-    for (const Sge& s : q.front().sges) {
+    r.wr_id = taken.wr_id;
+    for (const Sge& s : taken.sges) {
       if (s.length == 0) continue;
       iovec at{};
       // A buffer that fails its key check holds nothing: the message does not fit it, and
@@ -722,11 +725,10 @@ struct RoceLink final : packet::Env {
       }
       r.sg.push_back({static_cast<uint8_t*>(at.iov_base), static_cast<uint32_t>(at.iov_len)});
     }
-    q.pop_front();
-    if (srq && srq->limit && q.size() < srq->limit) {
-      srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
-      raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
-    }
+    if (srq)
+      srq_consume(srq, number);  // (also raises the SRQ limit event)
+    else
+      q.pop_front();
     return r;
   }
 

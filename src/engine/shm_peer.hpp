@@ -20,6 +20,8 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn);
 // The slot for the next message, of `len` bytes, when the ring has room and the next
 // receive is posted and its published capacity holds len; nullptr: take the agent path.
 wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len);
+// A receive of the target's SRQ that window_slot claimed goes back (nothing was committed).
+void window_unclaim(wire::PeerWindow* pw);
 // Hands the message in `s` to the target (the receive pw->taken is spoken for), and wakes
 // its channel if its CQ is armed for it.
 void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, uint32_t flags,

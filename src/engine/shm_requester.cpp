@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -79,6 +80,11 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
             hdr->peer_qpn == qp->qpn() && rq_cap && !(rq_cap & (rq_cap - 1)) &&
             rq_cap <= (1u << 20) && arena.at<char>(off, bytes) && hdr->owner_pid == pid;
   auto* cq = ok ? arena.at<wire::CqShared>(hdr->cq_offset) : nullptr;
+  // The target QP's SRQ, where its receives are claimed (wire::SrqShared), if it has one.
+  uint64_t srq_at = ok ? hdr->srq_offset : 0;
+  auto* srq = srq_at ? arena.at<wire::SrqShared>(srq_at) : nullptr;
+  uint32_t srq_claimer = srq ? hdr->srq_claimer : 0;  // read once: our `who` there
+  if (srq_at && (!srq || srq_claimer == 0 || srq_claimer >= wire::kSrqLocal)) ok = false;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
   if (!ok || !cq || pid <= 0) {
@@ -102,6 +108,8 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.hdr = hdr;
   pw.cq = cq;
   pw.mr_table = table;
+  pw.srq = srq;
+  pw.srq_claimer = srq_claimer;
   pw.slots = reinterpret_cast<wire::WindowSlot*>(base + slots_at);
   pw.rq_len = reinterpret_cast<const uint32_t*>(base + sizeof(wire::WindowHeader));
   pw.rq_cap = rq_cap;
@@ -114,12 +122,47 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   return &pw;
 }
 
+namespace {
+
+// window_slot for a target QP with an SRQ: when the ring has room and the SRQ's lowest
+// unclaimed receive holds `len` (a small SEND, or a large one the caller places): claimed now (its owner word names our window,
+// so the target gives it back if we die before the commit), and named in the slot, so the
+// message lands in exactly that receive. None left, one too small, one given back waiting
+// for the target: the agent path, which answers RNR / the length error exactly.
+// For conformance.twoproc_send_place_srq_dead: a sender that dies between claim and commit
+// (read at the first claim, so a forked test process may set it).
+bool die_after_srq_claim() {
+  static const bool die = getenv("SOFTVERBS_TEST_DIE_AFTER_SRQ_CLAIM") != nullptr;
+  return die;
+}
+
+wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
+  wire::SrqShared* srq = pw->srq;
+  if (srq->given_back.load(std::memory_order_acquire)) return nullptr;
+  uint64_t tail = pw->tail;
+  if (tail - pw->head >= wire::kWindowSlots) {
+    pw->head = pw->hdr->head.load(std::memory_order_acquire);
+    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
+  }
+  uint64_t number = wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire), pw->srq_claimer, len);
+  if (number == wire::kSrqNone) return nullptr;
+  if (die_after_srq_claim()) _exit(0);
+  pw->srq_number = number;
+  wire::WindowSlot* s = &pw->slots[tail % wire::kWindowSlots];
+  s->receive = number;
+  return s;
+}
+
+}  // namespace
+
 // The slot of the peer's receive window for the next message, of `len` bytes, when the ring
 // has room and the receive it will land in is there and big enough; nullptr means "take
 // the agent path", which answers everything else (RNR, errors, a target that went away)
-// exactly. Nothing is spoken for until window_commit.
+// exactly. Nothing is spoken for until window_commit, but for an SRQ's receive, claimed
+// last here (window_unclaim gives it back).
 wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::WindowHeader* hdr = pw->hdr;
+  if (pw->srq) return srq_window_slot(pw, len);
   if (pw->resync) {
     pw->taken = hdr->rq_taken.load(std::memory_order_acquire);
     pw->resync = false;
@@ -136,6 +179,19 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
     if (tail - pw->head >= wire::kWindowSlots) return nullptr;
   }
   return &pw->slots[tail % wire::kWindowSlots];
+}
+
+// The claimed receive goes back through the ring (a void slot), in order with what we
+// commit next; the doorbell has the target drain it soon.
+void window_unclaim(wire::PeerWindow* pw) {
+  if (!pw->srq) return;
+  wire::WindowSlot& s = pw->slots[pw->tail % wire::kWindowSlots];
+  s.opcode = wire::kWindowVoid;
+  s.length = 0;
+  s.receive = pw->srq_number;
+  s.seq.store(pw->tail + 1, std::memory_order_release);
+  ++pw->tail;
+  pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
 }
 
 // Hands the message whose payload is already in `s` (from window_slot) to the target.
@@ -176,6 +232,9 @@ namespace {
 bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
                  uint64_t len, wire::MrShared* out) {
   wire::WindowHeader* hdr = pw->hdr;
+  // A QP with an SRQ opens its window for small SENDs only: WRITE/READ/atomics to it stay
+  // with its agent, as before (going direct, UCX's rc ucp_put_bw hung: not understood yet).
+  if (pw->srq) return false;
   if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
   if (need != IBV_ACCESS_REMOTE_WRITE && hdr->max_dest_rd_atomic == 0) return false;
   if (!wire::read_mr_entry(pw->mr_table, rkey, out)) return false;
@@ -311,7 +370,10 @@ bool copy_now(Qp* qp, const ibv_send_wr* wr, uint64_t len, bool send) {
   std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
   if (!(wr->send_flags & IBV_SEND_INLINE)) keys.lock();
   int n = payload_iovecs(qp, wr, from);
-  if (n < 0) return false;  // the general path reports the bad key
+  if (n < 0) {  // the general path reports the bad key
+    if (send) window_unclaim(pw);
+    return false;
+  }
   iovec to{send ? static_cast<void*>(slot->data) : remote, len};
   wire::copy_local(&to, 1, from, n, len);
   if (send)

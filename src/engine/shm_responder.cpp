@@ -89,7 +89,12 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   if (debug_hooks_armed() && t->debug.responder_faults()) return 0;
   // ---- end responder faults
   wire::Arena* arena = wire::Arena::self();
-  if (!arena || t->srq || (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset) return 0;
+  // A basic SRQ's QP too (its receives claimed through wire::SrqShared); a tag-matching
+  // SRQ matches in its own process.
+  Srq* srq = t->srq;
+  if (!arena || (srq && (srq->tm || srq->xrc_domain)) ||
+      (t->type != IBV_QPT_RC && t->type != IBV_QPT_UC) || !t->recv_cq->shared_offset)
+    return 0;
   {
     std::lock_guard<std::mutex> lock(t->attr_mu);
     if (t->attr.dest_qp_num != peer_qpn) return 0;
@@ -103,7 +108,8 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   uint64_t mr_table = MrTable::instance().shared_offset();  // before locking the keys
   // Twice the queue depth: the entry we write for a new receive is then half a ring away
   // from the one the requester reads next, not on the same cache line.
-  uint32_t rq_cap = 2 * round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
+  // (A QP of an SRQ publishes no receives of its own: the smallest block.)
+  uint32_t rq_cap = srq ? 2 : 2 * round_up_pow2(std::max<uint32_t>(t->cap.max_recv_wr, 1));
   uint64_t bytes = wire::window_bytes(rq_cap);
   uint64_t off = arena->allocate(bytes);
   if (!off) return 0;
@@ -123,6 +129,16 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   hdr->qpn = t->qpn();
   hdr->peer_qpn = peer_qpn;
   hdr->cq_offset = t->recv_cq->shared_offset;
+  uint32_t claimer = 0;
+  if (srq) {
+    std::lock_guard<QueueMutex> srq_lock(srq->mu);
+    hdr->srq_offset = srq_shared_locked(srq, arena);
+    hdr->srq_claimer = claimer = srq_new_claimer_locked(srq);
+    if (!hdr->srq_offset || !claimer) {
+      arena->release(off, bytes);
+      return 0;
+    }
+  }
   {
     std::lock_guard<std::mutex> attrs(t->attr_mu);
     hdr->qp_access.store(t->attr.qp_access_flags, std::memory_order_relaxed);
@@ -135,7 +151,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   hdr->rq_cap = rq_cap;
   hdr->slots_offset = static_cast<uint32_t>(bytes - uint64_t{wire::kWindowSlots} * sizeof(wire::WindowSlot));
   uint64_t i = 0;
-  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, 0, 0, off, bytes, peer_pid};
+  t->inbound = {hdr->slots(), hdr->rq_len(), rq_cap, peer_qpn, 0, 0, off, bytes, peer_pid, claimer};
   for (; i < t->rq.size(); ++i) {
     uint32_t cap = receive_capacity(t, t->rq[i]);
     hdr->rq_len()[i & (rq_cap - 1)] = cap;
@@ -206,6 +222,11 @@ void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   wire::InboundWindow& in = t->inbound;
+  // A QP of an SRQ: each message lands in the SRQ receive its sender claimed (its number
+  // in the slot's `receive`, srq_claims.cpp).
+  Srq* srq = t->srq;
+  std::unique_lock<QueueMutex> srq_lock;
+  if (srq) srq_lock = std::unique_lock<QueueMutex>(srq->mu);
   // Message #head is there once its slot's seq says head + 1: stop at the first that is not.
   for (uint64_t head = in.head; sink.room(); ++head) {
     const wire::WindowSlot& slot = in.slots[head % wire::kWindowSlots];
@@ -223,8 +244,21 @@ void drain_window_into(Qp* t, Sink& sink) {
     // must be the one it completes.
     const bool placed = opcode & wire::kWindowPlaced;
     opcode &= ~wire::kWindowPlaced;
-    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || t->rq.empty() ||
-        (placed ? slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
+    // An SRQ receive this window's sender did not claim, or one we no longer hold: garbage.
+    const uint64_t number = slot.receive;
+    if (srq && !srq_claimed_by(srq, number, in.srq_claimer)) {
+      kill_window_locked(t);
+      return;
+    }
+    if (srq && opcode == wire::kWindowVoid && !placed) {  // claimed, then not used: back
+      srq_give_back(srq, number);
+      in.head = head + 1;
+      hdr->head.store(in.head, std::memory_order_release);
+      continue;
+    }
+    // (A placed message to an SRQ names its receive like any: checked above.)
+    if ((opcode != IBV_WR_SEND && opcode != IBV_WR_SEND_WITH_IMM) || (!srq && t->rq.empty()) ||
+        (placed ? !srq && slot.receive != in.posted - t->rq.size() : len > wire::kWindowPayload)) {
       kill_window_locked(t);
       return;
     }
@@ -232,7 +266,7 @@ void drain_window_into(Qp* t, Sink& sink) {
       t->comm_est_raised = true;
       raise_qp_event(t, IBV_EVENT_COMM_EST);
     }
-    const RecvWqe& r = t->rq.front();
+    const RecvWqe& r = srq ? srq_receive(srq, number) : t->rq.front();
     ibv_wc& wc = sink.next();
     wc.wr_id = r.wr_id;
     wc.qp_num = t->qpn();
@@ -250,10 +284,13 @@ void drain_window_into(Qp* t, Sink& sink) {
       dst[0] = {r.place, r.place_len};  // resolved when posted, and no MR changed since
       cap = r.place_len;
     } else {
-      cap = resolve_recv(t, r, dst, &n);
+      cap = resolve_recv(srq ? srq->pd : t->pd, r, dst, &n);
     }
     bool ok = cap >= 0;
-    t->rq.pop_front();
+    if (srq)
+      srq_consume(srq, number);
+    else
+      t->rq.pop_front();
     in.head = head + 1;
     // The requester checked the published capacity; the MR may have gone since.
     if (!ok || cap < len) {
@@ -276,6 +313,16 @@ void drain_window_into(Qp* t, Sink& sink) {
     sink.put((flags & IBV_SEND_SOLICITED) != 0);
     hdr->head.store(in.head, std::memory_order_release);
   }
+}
+
+// Closing t's window (RESET, destroy, ERR after the drain): SRQ receives its sender claimed
+// and no message in the ring will use (the sender died between claim and commit, or the
+// messages are discarded) go back, to the next message. Caller holds t->rq_mu.
+void release_srq_claims_locked(Qp* t) {
+  Srq* srq = t->srq;
+  if (!srq) return;
+  std::lock_guard<QueueMutex> lock(srq->mu);
+  srq_give_back_claimer(srq, t->inbound.srq_claimer);
 }
 
 }  // namespace
@@ -367,6 +414,7 @@ void close_window(Qp* t, bool deliver) {
       if (deliver) drain_window_locked(t);
       kill_window_locked(t);
     }
+    release_srq_claims_locked(t);  // also when a drain killed the window before
   }
   // Also when the window is already dead (a drain killed it, e.g. over a peer's garbage):
   // the CQ must not keep a pointer to a QP that is about to be destroyed.

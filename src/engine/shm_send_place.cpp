@@ -64,8 +64,10 @@ bool receive_buffer_ok(const wire::PeerWindow* pw, uint32_t lkey, uint64_t addr,
 // there) and in its address space (cma), with their keys. Their count, or -1.
 int place_of(const wire::PeerWindow* pw, uint64_t receive, uint32_t len, iovec* shared,
              bool* all_shared, iovec* cma, uint32_t* keys) {
+  // (A QP of an SRQ: the SRQ's receive number `receive`, srq_claims.cpp.)
   const wire::RecvPlace& p =
-      wire::window_places(pw->hdr, pw->rq_cap)[receive & (pw->rq_cap - 1)];
+      pw->srq ? pw->srq->place[receive % wire::kSrqNumbers]
+              : wire::window_places(pw->hdr, pw->rq_cap)[receive & (pw->rq_cap - 1)];
   // Read once: the peer's memory may change under us.
   uint32_t nsge = p.nsge;
   if (nsge == 0 || nsge > wire::kPlaceSges) return -1;
@@ -100,25 +102,31 @@ bool place(Qp* qp, uint32_t dst_qpn, uint32_t opcode, uint32_t flags, uint32_t i
   if (!pw || !pw->mr_table) return false;
   wire::WindowSlot* s = window_slot(pw, len);  // the next receive is there and holds len
   if (!s) return false;
-  uint64_t receive = pw->taken;
+  // An SRQ's receive was claimed by window_slot: one we do not use goes back (in order,
+  // through the ring) before the agent path takes the message.
+  uint64_t receive = pw->srq ? pw->srq_number : pw->taken;
+  auto give_up = [pw] {
+    window_unclaim(pw);
+    return false;
+  };
   iovec shared[wire::kPlaceSges], cma[wire::kPlaceSges];
   uint32_t keys[wire::kPlaceSges];
   bool all_shared;
   int n = place_of(pw, receive, len, shared, &all_shared, cma, keys);
-  if (n < 0 || (shared_only && !all_shared)) return false;
+  if (n < 0 || (shared_only && !all_shared)) return give_up();
   if (all_shared) {
     wire::copy_local(shared, n, local, nlocal, len);
   } else {
-    if (!pw->cross_memory) return false;
+    if (!pw->cross_memory) return give_up();
     ssize_t done = process_vm_writev(pw->pid, local, nlocal, cma, n, 0);
     if (done < 0 && errno == EPERM) pw->cross_memory = false;
     // Part of it may have landed: the agent path lands it all again, or fails the receive.
-    if (done != static_cast<ssize_t>(len)) return false;
+    if (done != static_cast<ssize_t>(len)) return give_up();
   }
   // An MR deregistered while we copied: the agent answers for that receive (its buffers
   // are gone: LOC_PROT_ERR), as it would have before the copy.
   for (int i = 0; i < n; ++i)
-    if (pw->mr_table[wire::key_index(keys[i])].key.load(std::memory_order_acquire) != keys[i]) return false;
+    if (pw->mr_table[wire::key_index(keys[i])].key.load(std::memory_order_acquire) != keys[i]) return give_up();
   s->receive = receive;
   window_commit(pw, *s, opcode | wire::kWindowPlaced, flags, imm, len);
   return true;

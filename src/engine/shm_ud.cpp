@@ -283,8 +283,11 @@ void deliver(const UdTarget& tg, uint32_t src_qpn, const UdMessage& d, UdSink& s
   Srq* srq = t->srq;
   std::lock_guard<QueueMutex> lock(srq ? srq->mu : t->rq_mu);
   RingQueue<RecvWqe>& q = srq ? srq->rq : t->rq;
-  if (q.empty()) return;  // UD has no RNR: the datagram is lost
-  const RecvWqe& r = q.front();
+  // UD has no RNR: the datagram is lost (also when what is there is promised to messages
+  // in receive windows, an SRQ's).
+  uint64_t number = 0;
+  if (srq ? !srq_take_local(srq, &number) : q.empty()) return;
+  const RecvWqe& r = srq ? srq_receive(srq, number) : q.front();
   ibv_wc& wc = sink.next();
   wc.wr_id = r.wr_id;
   wc.qp_num = t->qpn();
@@ -317,11 +320,10 @@ void deliver(const UdTarget& tg, uint32_t src_qpn, const UdMessage& d, UdSink& s
       wc.wc_flags |= IBV_WC_WITH_IMM;
     }
   }
-  q.pop_front();
-  if (srq && srq->limit && q.size() < srq->limit) {
-    srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
-    raise_srq_event(srq, IBV_EVENT_SRQ_LIMIT_REACHED);
-  }
+  if (srq)
+    srq_consume(srq, number);  // (also raises the SRQ limit event)
+  else
+    q.pop_front();
   sink.put(d.solicited && wc.status == IBV_WC_SUCCESS);
 }
 

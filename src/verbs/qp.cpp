@@ -887,14 +887,20 @@ int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   int err = 0;
   std::vector<uint32_t> waiters;
   {
+    // Senders in other processes claim the receives of an SRQ whose QPs have receive
+    // windows: each is counted for them with its capacity (checked under the key lock,
+    // taken before the queue's as everywhere).
+    std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
+    if (srq->shared.load(std::memory_order_acquire)) keys.lock();
     std::lock_guard<QueueMutex> lock(srq->mu);
     for (; wr; wr = wr->next) {
-      if (srq->rq.size() >= srq->max_wr) {
+      if (engine::srq_full_locked(srq)) {
         err = ENOMEM;
         break;
       }
       if ((err = check_recv_wr(wr, srq->max_sge))) break;
-      push_recv_wqe(srq->rq, wr);
+      RecvWqe& r = push_recv_wqe(srq->rq, wr);
+      engine::publish_srq_receive_locked(srq, r, keys.owns_lock());
     }
     if (!srq->rnr_waiters.empty()) waiters = take_rnr_waiters(srq->rnr_waiters);
   }

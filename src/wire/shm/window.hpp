@@ -29,6 +29,9 @@ namespace softverbs::wire {
 inline constexpr uint32_t kWindowMagic = 0x5356574e;  // "SVWN"
 inline constexpr uint32_t kWindowSlots = 32;
 inline constexpr uint32_t kWindowPayload = 4096;
+// A slot to a QP of an SRQ that carries no message: its sender claimed `receive` and then
+// could not use it (a bad key found after the claim); the target gives it back.
+inline constexpr uint32_t kWindowVoid = 0x200;
 
 struct alignas(64) WindowSlot {
   std::atomic<uint64_t> seq;  // message number + 1, stored (release) after the rest
@@ -36,7 +39,8 @@ struct alignas(64) WindowSlot {
   uint32_t flags;   // send flags (IBV_SEND_SOLICITED matters)
   uint32_t imm;     // network order
   uint32_t length;
-  uint64_t receive;  // with kWindowPlaced: the receive (number since opening) it landed in
+  uint64_t receive;  // with kWindowPlaced: the receive (number since opening) it landed in;
+                     // to a QP of an SRQ: the SRQ receive it claimed (SrqShared)
   uint8_t data[kWindowPayload];  // the first 32 bytes share the line with seq
 };
 
@@ -46,7 +50,7 @@ struct WindowHeader {
   uint32_t qpn;                // the target QP
   uint32_t peer_qpn;           // the one requester QP allowed to write
   uint64_t cq_offset;          // the target's receive CQ's CqShared, in the same arena
-  uint64_t reserved;
+  uint64_t srq_offset;         // the target QP's SRQ's SrqShared (same arena); 0: its own RQ
   uint32_t rq_cap;             // entries of rq_len (a power of two)
   uint32_t slots_offset;       // from the header to slots[0]
   // For RDMA WRITE/READ straight into/out of the target's memory: what the target's
@@ -57,6 +61,7 @@ struct WindowHeader {
   uint64_t mr_table_offset;    // in the owner's read-only published region
   uint32_t mr_table_cap;
   int32_t owner_pid;
+  uint32_t srq_claimer;        // with srq_offset: this window's `who` in SrqShared's owner words
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
   alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
@@ -76,6 +81,62 @@ inline uint64_t window_bytes(uint32_t rq_cap) {
 inline RecvPlace* window_places(WindowHeader* hdr, uint32_t rq_cap) {
   return reinterpret_cast<RecvPlace*>(reinterpret_cast<char*>(hdr) +
                                       window_places_at(sizeof(WindowHeader), rq_cap));
+}
+
+// The receives of an SRQ whose QPs have receive windows (docs/send-placement.md, "SRQ").
+// The target numbers its receives in the order posted (from 0 when the block was made) and
+// publishes each one's capacity before it counts it in `posted`. Every consumer, a sender in
+// another process before it commits a SEND to its QP's window as much as the target's own
+// responders, claims the lowest unclaimed number with one compare-and-swap on that
+// receive's `owner` word, which then names the claimer (`who`: the window's claimer id,
+// kSrqLocal for the target itself) and the number's generation, so that:
+//  - no receive is promised twice, and a message lands in exactly the receive it claimed
+//    (a sender checked that one's capacity before claiming it);
+//  - a claim whose sender died before committing its message is found by its tag and
+//    given back by the target (engine/srq_claims.cpp).
+// `claimed` is a hint (the lowest number perhaps unclaimed), advanced by whoever sees its
+// number taken. `given_back` is nonzero while a receive given back waits for the target's
+// own next consumer: senders then take the agent path, so that receive goes to the next
+// message. All of it is peer-writable: see the trust notes in docs/send-placement.md.
+inline constexpr uint32_t kSrqNumbers = 1u << 14;  // at least an SRQ's max_wr (checked in engine)
+inline constexpr uint32_t kSrqLocal = 0xffffff;     // who: the target's own responders
+inline constexpr uint64_t srq_tag(uint64_t number, uint32_t who) {
+  return (number / kSrqNumbers) << 24 | who;  // who 0: free for `number`
+}
+inline constexpr uint64_t kSrqNone = UINT64_MAX;
+
+struct SrqShared {
+  alignas(64) std::atomic<uint64_t> posted;     // target: receives numbered below are posted
+  std::atomic<uint32_t> given_back;             // target: see above
+  alignas(64) std::atomic<uint64_t> claimed;    // hint: the lowest number perhaps unclaimed
+  alignas(64) std::atomic<uint64_t> owner[kSrqNumbers];    // receive n at n % kSrqNumbers
+  std::atomic<uint32_t> capacity[kSrqNumbers];  // target: receive n's bytes (0: not for senders)
+  RecvPlace place[kSrqNumbers];  // target: where receive n lands (large SENDs, recv_place.hpp)
+};
+
+// Claims the lowest unclaimed receive numbered below `posted` for `who`, if it holds `len`
+// bytes: its number, or kSrqNone (none left, too small, or garbage met: the agent path).
+inline uint64_t srq_claim(SrqShared* s, uint64_t posted, uint32_t who, uint32_t len) {
+  uint64_t c = s->claimed.load(std::memory_order_acquire);
+  for (int tries = 0; tries < 1024; ++tries) {  // bounded: peers may keep changing it
+    if (c >= posted) return kSrqNone;
+    std::atomic<uint64_t>& e = s->owner[c % kSrqNumbers];
+    uint64_t v = e.load(std::memory_order_acquire);
+    if (v == srq_tag(c, 0)) {
+      // Read while the number is still free: a capacity written for a later receive in
+      // this place means c was taken meanwhile, and the swap below fails.
+      if (s->capacity[c % kSrqNumbers].load(std::memory_order_relaxed) < len) return kSrqNone;
+      if (!e.compare_exchange_strong(v, srq_tag(c, who), std::memory_order_acq_rel)) continue;
+      uint64_t expect = c;
+      s->claimed.compare_exchange_strong(expect, c + 1, std::memory_order_acq_rel);
+      return c;
+    }
+    if (v >> 24 != c / kSrqNumbers || (v & kSrqLocal) == 0) return kSrqNone;  // garbage or older
+    // Taken: move the hint on (or see where another moved it).
+    uint64_t expect = c;
+    c = s->claimed.compare_exchange_strong(expect, c + 1, std::memory_order_acq_rel) ? c + 1 : expect;
+  }
+  return kSrqNone;
 }
 
 // CQ arm values, shared by the target and its requesters.
@@ -142,6 +203,7 @@ struct InboundWindow {
   uint64_t offset = 0;
   uint64_t bytes = 0;
   pid_t writer = 0;
+  uint32_t srq_claimer = 0;  // QP of an SRQ: the writer's `who` in the SRQ's owner words
 };
 
 // What a QP keeps of its peer's receive window, requester side, when the peer is another
@@ -150,6 +212,9 @@ struct PeerWindow {
   WindowHeader* hdr = nullptr;
   CqShared* cq = nullptr;
   const MrShared* mr_table = nullptr;  // kMrTableCap entries (read-only), or nullptr
+  SrqShared* srq = nullptr;  // the target QP's SRQ, or nullptr (its own receive queue)
+  uint32_t srq_claimer = 0;  // our `who` there
+  uint64_t srq_number = 0;   // the receive window_slot claimed last
   // Checked once when the window was opened and never read back from the peer's memory:
   WindowSlot* slots = nullptr;
   const uint32_t* rq_len = nullptr;
