@@ -713,10 +713,12 @@ TEST(PacketQp, SendLongerThanTheReceive) {
 
 // A receive whose buffer failed its lkey check when it was taken (deregistered, or without
 // local write): LOC_PROT_ERR, not LOC_LEN_ERR, and the QP fails as for any local error.
+// The requester hears Remote Operational Error (the responder's own WQE is bad: rxe's
+// malformed-WQE class, and the same-host path's answer), not Invalid Request.
 TEST(PacketQp, SendIntoAReceiveWithABadKey) {
   Pair p;
   p.b.rq.push_back(pk::RecvWqe{7, {}, true});
-  expect_receive_fails(p, 100, IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_PROT_ERR);
+  expect_receive_fails(p, 100, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR);
 }
 
 TEST(PacketQp, PostSendChecksAndErrorState) {

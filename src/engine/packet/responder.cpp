@@ -230,7 +230,10 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
     }
     complete_receive(recv_->key_error ? IBV_WC_LOC_PROT_ERR : IBV_WC_LOC_LEN_ERR, IBV_WC_RECV,
                      0, nullptr, 0, 0);
-    responder_fatal(rw::kNakInvalidRequest, psn, std::nullopt);
+    // A bad key in the receive WQE is the responder's own fault (rxe: a malformed WQE,
+    // Remote Operational Error, as on one host); a message too long is Invalid Request.
+    responder_fatal(recv_->key_error ? rw::kNakRemoteOperationalError : rw::kNakInvalidRequest,
+                    psn, std::nullopt);
     return false;
   }
   recv_offset_ += pkt.payload_len;
