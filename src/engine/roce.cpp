@@ -850,16 +850,17 @@ void on_hold_timer() {
     std::lock_guard<std::mutex> lock(g_held_mu);
     g_hold_due.store(0, std::memory_order_relaxed);
   }
-  thread_local std::vector<uint32_t> idle;
-  idle.clear();
   for_held_links([](const HeldEntry&) { return true; }, [](RoceLink& link) {
     link.emit_held_ack();
-    if (!std::exchange(link.held_since_timer, false)) idle.push_back(link.qp->qpn());
+    if (std::exchange(link.held_since_timer, false)) return;
+    // Taken off under the link's mu: a hold that came after this run saw the QP's entry
+    // and did not add it again, so an entry erased later (after the link's mu was let go)
+    // left that ACK held with nothing to ever send it.
+    const uint32_t qpn = link.qp->qpn();
+    std::lock_guard<std::mutex> lock(g_held_mu);
+    std::erase_if(*g_held, [qpn](const HeldEntry& e) { return e.qpn == qpn; });
   });
   std::lock_guard<std::mutex> lock(g_held_mu);
-  std::erase_if(*g_held, [](const HeldEntry& e) {
-    return std::find(idle.begin(), idle.end(), e.qpn) != idle.end();
-  });
   if (g_held->empty() || g_hold_due.load(std::memory_order_relaxed) != 0) return;
   const int64_t due = int64_t(now_ns_steady()) + hold_max_ns();
   g_hold_due.store(due, std::memory_order_relaxed);
