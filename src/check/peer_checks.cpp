@@ -17,18 +17,6 @@ namespace softverbs::check {
 
 namespace {
 
-std::string access_text(unsigned access) {
-  std::string out;
-  auto add = [&](unsigned bit, const char* name) {
-    if (access & bit) out += (out.empty() ? "" : "|") + std::string(name);
-  };
-  add(IBV_ACCESS_LOCAL_WRITE, "IBV_ACCESS_LOCAL_WRITE");
-  add(IBV_ACCESS_REMOTE_WRITE, "IBV_ACCESS_REMOTE_WRITE");
-  add(IBV_ACCESS_REMOTE_READ, "IBV_ACCESS_REMOTE_READ");
-  add(IBV_ACCESS_REMOTE_ATOMIC, "IBV_ACCESS_REMOTE_ATOMIC");
-  return out.empty() ? "0" : out;
-}
-
 // What the peer publishes about one key, copied while we held the QP's send lock: the
 // peer's word, only read (its memory is mapped read-only, and may change at any time).
 struct PeerKey {
@@ -90,7 +78,7 @@ void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, 
     snprintf(what, sizeof(what),
              "  %s was not given %s in qp_access_flags (ibv_modify_qp, IBV_QP_ACCESS_FLAGS: it "
              "has %s): the WR completes with IBV_WC_REM_ACCESS_ERR",
-             peer, access_text(need & ~k.qp_access).c_str(), access_text(k.qp_access).c_str());
+             peer, access_names(need & ~k.qp_access).c_str(), access_names(k.qp_access).c_str());
     report("remote-qp-access", h, call, site, what,
            "ibv_modify_qp(3): qp_access_flags are the \"Mask of enabled remote access "
            "operations\" of the responder QP; a request it does not enable is refused");
@@ -111,7 +99,7 @@ void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, 
              "  rkey 0x%x is no longer valid at %s: the MR it named, [0x%llx, +%llu) with "
              "access %s, was deregistered there: the WR completes with IBV_WC_REM_ACCESS_ERR",
              rkey, peer, static_cast<unsigned long long>(k.entry.iova),
-             static_cast<unsigned long long>(k.entry.length), access_text(k.entry.access).c_str());
+             static_cast<unsigned long long>(k.entry.length), access_names(k.entry.access).c_str());
     report("rkey-deregistered", h, call, site, what,
            "ibv_dereg_mr(3) ends the MR and its keys; a work request that names a key no "
            "longer valid fails its protection check (at the responder, for an R_Key)");
@@ -141,7 +129,7 @@ void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, 
     snprintf(what, sizeof(what),
              "  rkey 0x%x names an MR of %s registered with access %s, without %s, which this "
              "operation needs: the WR completes with IBV_WC_REM_ACCESS_ERR",
-             rkey, peer, access_text(e.access).c_str(), access_text(need & ~e.access).c_str());
+             rkey, peer, access_names(e.access).c_str(), access_names(need & ~e.access).c_str());
     report("remote-access-flags", h, call, site, what, kRemoteAccessRule);
   }
 }

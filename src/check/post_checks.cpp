@@ -33,18 +33,6 @@ const char* fails_with(const char* verb) {
   return std::string(verb) == "ibv_post_send" ? "EINVAL" : "EINVAL (the whole batch is refused)";
 }
 
-// What an access needs, by name.
-std::string access_names(unsigned access) {
-  std::string out;
-  auto add = [&](unsigned bit, const char* name) {
-    if (access & bit) out += (out.empty() ? "" : "|") + std::string(name);
-  };
-  add(IBV_ACCESS_LOCAL_WRITE, "IBV_ACCESS_LOCAL_WRITE");
-  add(IBV_ACCESS_REMOTE_WRITE, "IBV_ACCESS_REMOTE_WRITE");
-  add(IBV_ACCESS_REMOTE_READ, "IBV_ACCESS_REMOTE_READ");
-  add(IBV_ACCESS_REMOTE_ATOMIC, "IBV_ACCESS_REMOTE_ATOMIC");
-  return out;
-}
 
 // One key against the key table: `local` for an lkey of sg_list[index], else the rkey.
 // `pd`: the QP's (lkeys only); `need`: the access the operation needs.
@@ -111,7 +99,7 @@ void check_key(const std::string& call, const void* object, Site site, bool loca
     snprintf(what, sizeof(what),
              "  %s names an MR registered with access %s, without %s, which this operation "
              "needs: the WR completes with %s",
-             name, access ? access_names(access).c_str() : "0", access_names(need & ~access).c_str(),
+             name, access_names(access).c_str(), access_names(need & ~access).c_str(),
              local ? "IBV_WC_LOC_PROT_ERR" : "IBV_WC_REM_ACCESS_ERR");
     report(local ? "local-access" : "remote-access-flags", object, call, site, what,
            "ibv_reg_mr(3): the access flags say what the MR allows: a local write "
@@ -394,6 +382,19 @@ void check_wr_set_inline(ibv_qp_ex* q, uint64_t bytes, Site site) {
          site, what,
          "ibv_create_qp(3): max_inline_data is the \"Requested max number of data (bytes) "
          "that can be posted inline to the SQ\"");
+}
+
+// An access mask by name ("0" for none), for reports.
+std::string access_names(unsigned access) {
+  std::string out;
+  auto add = [&](unsigned bit, const char* name) {
+    if (access & bit) out += (out.empty() ? "" : "|") + std::string(name);
+  };
+  add(IBV_ACCESS_LOCAL_WRITE, "IBV_ACCESS_LOCAL_WRITE");
+  add(IBV_ACCESS_REMOTE_WRITE, "IBV_ACCESS_REMOTE_WRITE");
+  add(IBV_ACCESS_REMOTE_READ, "IBV_ACCESS_REMOTE_READ");
+  add(IBV_ACCESS_REMOTE_ATOMIC, "IBV_ACCESS_REMOTE_ATOMIC");
+  return out.empty() ? "0" : out;
 }
 
 }  // namespace softverbs::check

@@ -55,6 +55,7 @@ struct State {
 State& state();
 
 const char* kind_name(Kind kind);
+std::string access_names(unsigned access);  // "IBV_ACCESS_REMOTE_WRITE|…", "0" for none
 std::string where(Site site);  // "main+0x2b (prog)" or "prog+0x11a9", via dladdr(3)
 
 // Reports a misuse once per (`object`, `kind`): the call and where it came from, what is
