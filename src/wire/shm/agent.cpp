@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sys/uio.h>
@@ -142,6 +143,26 @@ uint64_t returned_length(uint32_t op, uint64_t length) {
   return 0;
 }
 
+// Waits up to `wait_ms` for `fd` to be readable; a signal does not cut the wait short (a
+// caller that took EINTR for "no answer" dropped a healthy connection, or gave up on
+// cross-memory attach for good). 1: readable, 0: timed out, -1: error (errno).
+int wait_readable(int fd, int wait_ms) {
+  timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    int ready = poll(&p, 1, wait_ms);
+    if (ready >= 0 || errno != EINTR) return ready;
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t spent_ms =
+        (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+    if (spent_ms >= wait_ms) return 0;
+    wait_ms -= static_cast<int>(spent_ms);
+    start = now;
+  }
+}
+
 // Sends one message, waiting at most `wait_ms` for room: a peer that stops reading must not
 // hold this thread for good. On failure errno says why (ETIMEDOUT: no room in time).
 bool send_message(int fd, const msghdr* msg, size_t len, int wait_ms) {
@@ -198,8 +219,7 @@ bool recv_chunks(int fd, const iovec* iov, int n, uint64_t len, int wait_ms) {
   size_t off = 0;
   while (len > 0) {
     size_t want = std::min<uint64_t>(len, kChunk);
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, wait_ms) <= 0) return false;
+    if (wait_readable(fd, wait_ms) <= 0) return false;
     if (recv(fd, buf.data(), want, 0) != static_cast<ssize_t>(want)) return false;
     size_t used = 0;
     while (used < want && i < n) {
@@ -596,9 +616,8 @@ CopyMode probe_copy_mode(int fd) {
   m.iov[0] = {reinterpret_cast<uint64_t>(&probe_word), sizeof(probe_word)};
   m.compare_add = probe_word;
   WireReply r{};
-  pollfd p{fd, POLLIN, 0};
   bool ok = send_message(fd, &m, sizeof(m), kReplyTimeoutMs) &&
-            poll(&p, 1, kReplyTimeoutMs) > 0 && recv(fd, &r, sizeof(r), 0) == sizeof(r) &&
+            wait_readable(fd, kReplyTimeoutMs) > 0 && recv(fd, &r, sizeof(r), 0) == sizeof(r) &&
             r.magic == kMagic && r.kind == Reply::Ack;
   if (!ok) {
     static std::once_flag said;
@@ -726,12 +745,8 @@ bool execute_call(Connection* c, int slot, WireRequest& m, const Request& req, R
     drop(*c);
     return false;
   }
-  pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
-  int ready;
-  do {
-    ready = poll(&p, 1, kReplyTimeoutMs);
-  } while (ready < 0 && errno == EINTR);
+  int ready = wait_readable(c->fd, kReplyTimeoutMs);
   ssize_t got = ready > 0 ? recv(c->fd, &r, sizeof(r), 0) : -1;
   if (got != static_cast<ssize_t>(sizeof(r)) || r.magic != kMagic || r.kind > Reply::Error) {
     drop(*c);  // the stream is out of step now: start afresh next time
@@ -811,14 +826,14 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   m.src_qpn = src_qpn;
   m.dst_qpn = dst_qpn;
   if (!send_request(*c, slot, m, kReplyTimeoutMs)) return 0;
-  pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
   int fds[kMaxFds] = {-1, -1, -1, -1};
   auto close_fds = [&fds] {
     for (int f : fds)
       if (f >= 0) close(f);
   };
-  if (poll(&p, 1, kReplyTimeoutMs) <= 0 || !recv_with_fds(c->fd, &r, fds) || r.magic != kMagic) {
+  if (wait_readable(c->fd, kReplyTimeoutMs) <= 0 || !recv_with_fds(c->fd, &r, fds) ||
+      r.magic != kMagic) {
     close_fds();
     drop(*c);
     return 0;
@@ -873,12 +888,8 @@ int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_
   m.swap = ino;
   m.remote_addr = reinterpret_cast<uint64_t>(attr);
   if (!send_request(*c, slot, m, kReplyTimeoutMs)) return ENXIO;
-  pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
-  int ready;
-  do {
-    ready = poll(&p, 1, kReplyTimeoutMs);
-  } while (ready < 0 && errno == EINTR);
+  int ready = wait_readable(c->fd, kReplyTimeoutMs);
   if (ready <= 0 || recv(c->fd, &r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r)) ||
       r.magic != kMagic || r.kind != Reply::Ack) {
     drop(*c);
@@ -906,17 +917,13 @@ int agent_import(int slot, ImportOp op, uint64_t dev, uint64_t ino, uint32_t han
   m.compare_add = dev;
   m.swap = ino;
   if (!send_request(*c, slot, m, kReplyTimeoutMs)) return ENXIO;
-  pollfd p{c->fd, POLLIN, 0};
   WireReply r{};
   int fds[kMaxFds] = {-1, -1, -1, -1};
   auto close_fds = [&fds] {
     for (int f : fds)
       if (f >= 0) close(f);
   };
-  int ready;
-  do {
-    ready = poll(&p, 1, kReplyTimeoutMs);
-  } while (ready < 0 && errno == EINTR);
+  int ready = wait_readable(c->fd, kReplyTimeoutMs);
   if (ready <= 0 || !recv_with_fds(c->fd, &r, fds) || r.magic != kMagic || r.kind != Reply::Ack) {
     close_fds();
     drop(*c);
