@@ -268,6 +268,32 @@ static void expect_inv_recv(struct ibv_cq *cq, uint64_t id, struct ibv_mr *mr, s
 		CHECKF(sv_ptr(mr, off)[i] == fill, "SEND_WITH_INV payload byte %d", i);
 }
 
+/* B: a new INI QP (with send ops `ops`, 0: a plain one) to A's second TGT QP: numbers
+ * and GIDs traded, connected; then A's go-ahead `step`. */
+static struct ibv_qp *b_connect_tgt2(struct sv_dev *d, struct ibv_cq *cq, uint64_t ops,
+				     struct a_info *mine, struct a_info *a, int step)
+{
+	struct ibv_qp *ini = ops ? ini_qp_ops(d, cq, ops) : ini_qp(d, cq);
+	CHECKF(ini != NULL, "INI QP: %s", strerror(errno));
+	mine->tgt_qpn = ini->qp_num;
+	sv_exchange(sock, mine, a, sizeof(*a));
+	sv_trade_gid(sock, ini);
+	connect_xrc(ini, d, a->tgt2_qpn, 1);
+	CHECK_EQ(sv_hear(sock), step);
+	return ini;
+}
+
+/* A: its second TGT QP reset and connected to B's newest INI QP; returns that QP's number. */
+static uint32_t a_reconnect_tgt2(struct sv_dev *d, struct ibv_qp *tgt2, struct a_info *a)
+{
+	struct a_info b;
+	sv_exchange(sock, a, &b, sizeof(b));
+	sv_trade_gid(sock, tgt2);
+	CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
+	connect_xrc(tgt2, d, b.tgt_qpn, 0);
+	return b.tgt_qpn;
+}
+
 /* ---- B: the INI side ------------------------------------------------------------------ */
 
 static void peer_main(int s)
@@ -334,12 +360,7 @@ static void peer_main(int s)
 	sv_say(sock, 4);
 
 	/* 3: a new INI QP to A's second TGT QP, at the SRQ made through the reopened file */
-	ini = ini_qp(&d, cq);
-	mine.tgt_qpn = ini->qp_num;
-	sv_exchange(sock, &mine, &a, sizeof(a));
-	sv_trade_gid(sock, ini);
-	connect_xrc(ini, &d, a.tgt2_qpn, 1);
-	CHECK_EQ(sv_hear(sock), 5);
+	ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 5);
 	CHECK_OK(post_xrc(ini, 5, IBV_WR_SEND, a.srqn3, mr, 0, MSG, 0, 0));
 	sv_expect_wc(cq, 5, IBV_WC_SUCCESS, ini, &wc);
 	CHECK_OK(ibv_destroy_qp(ini));
@@ -347,12 +368,7 @@ static void peer_main(int s)
 
 	/* 5: through A's TGT QP into C's XRC SRQ */
 	{
-		ini = ini_qp(&d, cq);
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 30);
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 30);
 		memset(sv_ptr(mr, 0), 'c', MSG);
 		CHECK_OK(post_xrc(ini, 50, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
 		sv_expect_wc(cq, 50, IBV_WC_SUCCESS, ini, &wc);
@@ -392,12 +408,7 @@ static void peer_main(int s)
 		CHECK_OK(ibv_destroy_qp(ini));
 		sv_say(sock, 32);
 		/* C is gone now: its SRQ number names nothing */
-		ini = ini_qp(&d, cq);
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 33);
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 33);
 		CHECK_OK(post_xrc(ini, 55, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
 		sv_expect_wc(cq, 55, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
 		CHECK_OK(ibv_destroy_qp(ini));
@@ -406,13 +417,7 @@ static void peer_main(int s)
 
 	/* 6: windows at A's XRC SRQ, and invalidation */
 	{
-		ini = ini_qp_ops(&d, cq, INI_OPS);
-		CHECKF(ini != NULL, "an INI QP with windows and invalidation: %s", strerror(errno));
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 60);
+		ini = b_connect_tgt2(&d, cq, INI_OPS, &mine, &a, 60);
 		/* The type 1 window: WRITE, then READ, byte by byte */
 		for (int i = 0; i < 16; i++)
 			sv_ptr(mr, 1024)[i] = (uint8_t)(0xa0 + i);
@@ -447,12 +452,7 @@ static void peer_main(int s)
 		sv_say(sock, 61);
 
 		/* The type 1 window bound anew: its new key works, its old one does not */
-		ini = ini_qp(&d, cq);
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 62);
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 62);
 		for (int i = 0; i < 16; i++)
 			sv_ptr(mr, 1024)[i] = (uint8_t)(0xb0 + i);
 		CHECK_OK(post_xrc(ini, 75, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1B, a.k1));
@@ -465,12 +465,7 @@ static void peer_main(int s)
 		sv_say(sock, 63);
 
 		/* A bound type 2 window: bound to A's INI QP, never reached through a TGT QP */
-		ini = ini_qp(&d, cq);
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 64);
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 64);
 		CHECK_OK(post_xrc(ini, 77, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W2, a.k3));
 		sv_expect_wc(cq, 77, IBV_WC_REM_ACCESS_ERR, ini, &wc);
 		CHECK_OK(ibv_destroy_qp(ini));
@@ -725,12 +720,8 @@ int main(void)
 		a.c_addr = c.addr;
 		a.c_rkey = c.rkey;
 		a.c_inv_rkey = c.inv_rkey;
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		to_c.ini_qpn = a_reconnect_tgt2(&d, tgt2, &a);
 		to_c.tgt_qpn = tgt2->qp_num;
-		to_c.ini_qpn = b.tgt_qpn;
 		CHECK(write(csock, &to_c, sizeof(to_c)) == (ssize_t)sizeof(to_c));
 		sv_say(sock, 30);
 		CHECK_EQ(sv_hear(sock), 31); /* B's SEND at C's empty SRQ is on its way */
@@ -741,10 +732,7 @@ int main(void)
 		sv_say(csock, 23);
 		sv_wait_peer(cpid, "C");
 		close(csock);
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		a_reconnect_tgt2(&d, tgt2, &a);
 		sv_say(sock, 33);
 		CHECK_EQ(sv_hear(sock), 34); /* C's SRQ number failed once C died */
 		sv_expect_async(d.ctx, IBV_EVENT_QP_REQ_ERR, tgt2);
@@ -818,10 +806,7 @@ int main(void)
 		memset(sv_ptr(mr, W2), 0, 64);
 
 		a.srqn = srq_num(srq6);
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		a_reconnect_tgt2(&d, tgt2, &a);
 		CHECK_OK(sv_post_srq_recv(srq6, 90, mr, 16384, MSG));
 		CHECK_OK(sv_post_srq_recv(srq6, 91, mr, 17408, MSG));
 		CHECK_OK(sv_post_srq_recv(srq6, 92, mr, 18432, MSG));
@@ -845,10 +830,7 @@ int main(void)
 		sv_expect_wc(bcq, 88, IBV_WC_SUCCESS, a_ini, &wc);
 		a.k1 = mw1->rkey;
 		CHECK(a.k1 != a.k1_old);
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		a_reconnect_tgt2(&d, tgt2, &a);
 		sv_say(sock, 62);
 		CHECK_EQ(sv_hear(sock), 63);
 		sv_expect_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, tgt2);
@@ -858,10 +840,7 @@ int main(void)
 		for (int i = 0; i < 16; i++) /* the old key wrote nothing */
 			CHECK_EQ(sv_ptr(mr, W1 + 8)[i], (uint8_t)(0xa0 + i));
 
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		a_reconnect_tgt2(&d, tgt2, &a);
 		sv_say(sock, 64);
 		CHECK_EQ(sv_hear(sock), 65);
 		sv_expect_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, tgt2);
