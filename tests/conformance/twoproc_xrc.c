@@ -170,6 +170,7 @@ static void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest
 		CHECK_OK(sv_modify_rts(qp, &cfg));
 }
 
+/* A WR at XRC SRQ `srqn`; `rkey`: the remote key, or SEND_WITH_INV's key to invalidate. */
 static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint32_t srqn,
 		    struct ibv_mr *mr, size_t off, uint32_t len, uint64_t raddr, uint32_t rkey)
 {
@@ -183,6 +184,8 @@ static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint3
 	wr.qp_type.xrc.remote_srqn = srqn;
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
+	if (op == IBV_WR_SEND_WITH_INV)
+		wr.invalidate_rkey = rkey; /* the window's key to invalidate */
 	return ibv_post_send(qp, &wr, &bad);
 }
 
@@ -235,21 +238,6 @@ static uint32_t bind_type2(struct ibv_qp *qp, struct ibv_cq *cq, uint64_t id, st
 	sv_expect_wc(cq, id, IBV_WC_SUCCESS, qp, &wc);
 	CHECK_OPCODE(wc, IBV_WC_BIND_MW);
 	return wr.bind_mw.rkey;
-}
-
-static int post_send_inv(struct ibv_qp *qp, uint64_t id, uint32_t srqn, struct ibv_mr *mr,
-			 size_t off, uint32_t inv_rkey)
-{
-	struct ibv_sge sge = {sv_addr(mr, off), MSG, mr->lkey};
-	struct ibv_send_wr wr = {0}, *bad;
-	wr.wr_id = id;
-	wr.opcode = IBV_WR_SEND_WITH_INV;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.qp_type.xrc.remote_srqn = srqn;
-	wr.invalidate_rkey = inv_rkey;
-	return ibv_post_send(qp, &wr, &bad);
 }
 
 /* A receive completion of MSG bytes of `fill` that invalidated `rkey`. */
@@ -400,7 +388,8 @@ static void peer_main(int s)
 		CHECK_EQ(orig, 0); /* C's word before the add */
 		/* SEND_WITH_INV of C's type 2 window: A's TGT QP hands it to C, which drops it */
 		memset(sv_ptr(mr, 0), 'n', MSG);
-		CHECK_OK(post_send_inv(ini, 59, a.c_srqn, mr, 0, a.c_inv_rkey));
+		CHECK_OK(post_xrc(ini, 59, IBV_WR_SEND_WITH_INV, a.c_srqn, mr, 0, MSG, 0,
+				  a.c_inv_rkey));
 		sv_expect_wc(cq, 59, IBV_WC_SUCCESS, ini, &wc);
 		/* A number in C's range that names no SRQ */
 		CHECK_OK(post_xrc(ini, 54, IBV_WR_SEND, a.c_srqn + 7, mr, 0, MSG, 0, 0));
@@ -421,11 +410,12 @@ static void peer_main(int s)
 		/* The type 1 window: WRITE, then READ, byte by byte */
 		for (int i = 0; i < 16; i++)
 			sv_ptr(mr, 1024)[i] = (uint8_t)(0xa0 + i);
-		CHECK_OK(post_xrc(ini, 70, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1 + 8, a.k1));
+		CHECK_OK(post_xrc(ini, 70, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1 + 8,
+				  a.k1));
 		sv_expect_wc(cq, 70, IBV_WC_SUCCESS, ini, &wc);
 		memset(sv_ptr(mr, 2048), 0, 64);
-		CHECK_OK(post_xrc(ini, 71, IBV_WR_RDMA_READ, a.srqn, mr, 2048, 32, a.addr + W1 + 1024,
-				  a.k1));
+		CHECK_OK(post_xrc(ini, 71, IBV_WR_RDMA_READ, a.srqn, mr, 2048, 32,
+				  a.addr + W1 + 1024, a.k1));
 		sv_expect_wc(cq, 71, IBV_WC_SUCCESS, ini, &wc);
 		for (int i = 0; i < 64; i++)
 			CHECKF(sv_ptr(mr, 2048)[i] == (i < 32 ? (uint8_t)(0x30 + i) : 0),
@@ -443,10 +433,10 @@ static void peer_main(int s)
 		CHECK_OK(ibv_wr_complete(qx));
 		sv_expect_wc(cq, 72, IBV_WC_SUCCESS, ini, &wc);
 		memset(sv_ptr(mr, 4096), 'k', MSG);
-		CHECK_OK(post_send_inv(ini, 73, a.srqn, mr, 4096, a.k5));
+		CHECK_OK(post_xrc(ini, 73, IBV_WR_SEND_WITH_INV, a.srqn, mr, 4096, MSG, 0, a.k5));
 		sv_expect_wc(cq, 73, IBV_WC_SUCCESS, ini, &wc);
 		/* k2 again: its window is bound no more */
-		CHECK_OK(post_send_inv(ini, 74, a.srqn, mr, 4096, a.k2));
+		CHECK_OK(post_xrc(ini, 74, IBV_WR_SEND_WITH_INV, a.srqn, mr, 4096, MSG, 0, a.k2));
 		sv_expect_wc(cq, 74, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
 		CHECK_OK(ibv_destroy_qp(ini));
 		sv_say(sock, 61);
@@ -455,7 +445,8 @@ static void peer_main(int s)
 		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 62);
 		for (int i = 0; i < 16; i++)
 			sv_ptr(mr, 1024)[i] = (uint8_t)(0xb0 + i);
-		CHECK_OK(post_xrc(ini, 75, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1B, a.k1));
+		CHECK_OK(post_xrc(ini, 75, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1B,
+				  a.k1));
 		sv_expect_wc(cq, 75, IBV_WC_SUCCESS, ini, &wc);
 		memset(sv_ptr(mr, 1024), 0xee, 16);
 		CHECK_OK(post_xrc(ini, 76, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1 + 8,
@@ -466,7 +457,8 @@ static void peer_main(int s)
 
 		/* A bound type 2 window: bound to A's INI QP, never reached through a TGT QP */
 		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 64);
-		CHECK_OK(post_xrc(ini, 77, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W2, a.k3));
+		CHECK_OK(post_xrc(ini, 77, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W2,
+				  a.k3));
 		sv_expect_wc(cq, 77, IBV_WC_REM_ACCESS_ERR, ini, &wc);
 		CHECK_OK(ibv_destroy_qp(ini));
 		sv_say(sock, 65);
@@ -744,16 +736,18 @@ int main(void)
 		/* What mlx5 offers on XRC: not IBA 1.5's ATOMIC WRITE and FLUSH */
 		CHECK(ini_qp_ops(&d, cq, IBV_QP_EX_WITH_ATOMIC_WRITE) == NULL);
 		CHECK_EQ(errno, EOPNOTSUPP);
-		CHECK(ini_qp_ops(&d, cq, 1ull << 11) == NULL); /* IBV_QP_EX_WITH_FLUSH, rdma-core 45 */
+		CHECK(ini_qp_ops(&d, cq, 1ull << 11) == NULL); /* ..._WITH_FLUSH, rdma-core 45 */
 		CHECK_EQ(errno, EOPNOTSUPP);
 		struct ibv_cq *bcq = sv_create_cq(&d, 16, NULL, NULL);
 		struct ibv_cq *cq6 = sv_create_cq(&d, 16, NULL, NULL);
 		struct ibv_srq *srq6 = xrc_srq(&d, x, cq6);
 		struct ibv_qp *tgt3;
 		struct ibv_qp *a_ini = bind_only_ini(&d, bcq, x, &tgt3);
-		struct ibv_mw *mw1 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_1), *mw2 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2),
-			     *mw3 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2), *mw4 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2),
-			     *mw5 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw1 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_1);
+		struct ibv_mw *mw2 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw3 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw4 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw5 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
 		CHECK(mw1 && mw2 && mw3 && mw4 && mw5);
 		struct ibv_mw_bind mb = {0};
 		mb.wr_id = 80;
@@ -818,7 +812,8 @@ int main(void)
 		CHECK_STATUS(wc, IBV_WC_REM_INV_REQ_ERR);
 		CHECK_EQ(sv_hear(sock), 61);
 		for (int i = 0; i < 1024; i++)
-			CHECKF(sv_ptr(mr, W1)[i] == (i >= 8 && i < 24 ? (uint8_t)(0xa0 + i - 8) : 0),
+			CHECKF(sv_ptr(mr, W1)[i] ==
+				       (i >= 8 && i < 24 ? (uint8_t)(0xa0 + i - 8) : 0),
 			       "WRITE through the type 1 window: byte %d", i);
 		CHECK_EQ(sv_query_state(tgt2), IBV_QPS_ERR);
 
