@@ -126,11 +126,12 @@ class MrTable {
   // `qpn`; IBV_WC_SUCCESS or IBV_WC_MW_BIND_ERR (the rules of IBA 10.6.7 as rxe checks them).
   ibv_wc_status bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn);
   // Under lock() (shared): invalidates the type 2 window named by `key` for a QP of PD
-  // `qp_pd` (IBV_WR_LOCAL_INV), or, `remote`, for the SEND_WITH_INV that arrived on QP
-  // `qpn`, which must be the window's. False when it cannot: no such window, a type 1
-  // window (o10-37.2.26), not bound, another PD or QP, or an MR's key (an MR is only ever
-  // registered by ibv_reg_mr: there are no fast-registration MRs to invalidate).
-  bool invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool remote);
+  // `qp_pd` (IBV_WR_LOCAL_INV; a SEND_WITH_INV into an XRC SRQ of that PD), or,
+  // `match_qp`, for the SEND_WITH_INV that arrived on QP `qpn`, which must be the window's.
+  // False when it cannot: no such window, a type 1 window (o10-37.2.26), not bound, another
+  // PD or QP, or an MR's key (an MR is only ever registered by ibv_reg_mr: there are no
+  // fast-registration MRs to invalidate).
+  bool invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool match_qp);
   // Under lock() (shared): [addr, addr + length) through the window named by `key`, for a
   // QP of PD `pd` numbered `qpn`, with `need` access; false if anything does not fit.
   bool resolve_window(Pd* pd, uint32_t qpn, uint32_t key, uint64_t addr, uint64_t length,

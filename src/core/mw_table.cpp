@@ -129,14 +129,14 @@ ibv_wc_status MrTable::bind_window(const MwBind& b, Pd* qp_pd, uint32_t qpn) {
   return IBV_WC_SUCCESS;
 }
 
-bool MrTable::invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool remote) {
+bool MrTable::invalidate(uint32_t key, Pd* qp_pd, uint32_t qpn, bool match_qp) {
   uint32_t index = (key >> 8) - base_;  // another slot's key: out of range
   Mw* mw = index < windows_.size() ? windows_[index] : nullptr;
   if (!mw) return false;
   std::lock_guard<SpinLock> g(mw->mu);
   if (mw->rkey != key || mw->ibv.type != IBV_MW_TYPE_2 || !mw->mr || mw->pd->prot != qp_pd->prot)
     return false;
-  if (remote && mw->qpn != qpn) return false;
+  if (match_qp && mw->qpn != qpn) return false;
   release_binding(mw);
   return true;
 }

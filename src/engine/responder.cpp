@@ -233,8 +233,11 @@ Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload
   }
   if (req.opcode == IBV_WR_SEND_WITH_INV) {
     // The data landed; then the named window of this QP goes (rxe's order). One that
-    // cannot be invalidated fails the receive and the QP (IBA class J).
-    if (!MrTable::instance().invalidate(req.imm, tg.pd, tg.qpn, true)) {
+    // cannot be invalidated fails the receive and the QP (IBA class J). XRC: no window is
+    // ever bound to a TGT QP (it has no send queue); a type 2 window of the XRC SRQ's PD
+    // goes, whichever of its QPs bound it (docs/xrc.md).
+    const bool tgt_xrc = tg.type == IBV_QPT_XRC_RECV;
+    if (!MrTable::instance().invalidate(req.imm, tg.pd, tg.qpn, !tgt_xrc)) {
       rq.consume();
       return receive_fault(tg, &wc, Fault::RemoteInvalidate);
     }
@@ -359,7 +362,7 @@ Outcome run_request(const wire::Request& req, const Target& tg, const TargetAttr
     case IBV_WR_SEND_WITH_IMM:
       return deliver_receive(req, tg, true, ta.min_rnr_timer);
     case IBV_WR_SEND_WITH_INV:
-      if (tg.type != IBV_QPT_RC) return fault(tg, Fault::RemoteInvalid);
+      if (!reliable(tg)) return fault(tg, Fault::RemoteInvalid);  // RC and XRC have IETHs
       return deliver_receive(req, tg, true, ta.min_rnr_timer);
 
     case IBV_WR_RDMA_WRITE:
@@ -464,8 +467,8 @@ class StagedMessage {
 };
 
 bool carries_payload(ibv_wr_opcode op) {
-  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
-         op == IBV_WR_RDMA_WRITE_WITH_IMM;
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
+         op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
 uint64_t returned_bytes(const wire::Request& req) {

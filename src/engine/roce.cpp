@@ -631,8 +631,10 @@ struct RoceLink final : packet::Env {
   void give_back_fault() override { give_back_responder_fault(qp); }
   // ---- end
 
+  // XRC TGT: a type 2 window of the XRC SRQ's PD, as on one host (engine/responder.cpp).
   bool invalidate_rkey(uint32_t rkey) override {
-    return access_pd() && MrTable::instance().invalidate(rkey, access_pd(), qp->qpn(), true);
+    Pd* pd = access_pd();
+    return pd && MrTable::instance().invalidate(rkey, pd, qp->qpn(), !xrc_tgt());
   }
 
   packet::XrcSrqPlace select_xrc_srq(uint32_t srqn) override {

@@ -72,7 +72,8 @@ int fill_bind_wqe(Qp* qp, ibv_mw* m, uint32_t rkey, const ibv_mw_bind_info& info
 
 int bind_mw(Qp* qp, Mw* mw, const ibv_mw_bind* bind) {
   // ibv_bind_mw(3): "The QP Transport Service Type must be either UC, RC or XRC_SEND".
-  if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) return EINVAL;
+  if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_XRC_SEND)
+    return EINVAL;
   if (mw->ibv.type != IBV_MW_TYPE_1) return EINVAL;
   SendWqe w;
   w.wr_id = bind->wr_id;

@@ -121,18 +121,10 @@ void reset_queues(Qp* qp) {
 
 bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
   if (type == IBV_QPT_XRC_RECV) return false;  // a TGT QP has no send queue
-  // An XRC INI QP has RC's operations (XRC has opcodes for them, IBA 9.x); memory windows
-  // and invalidation are not offered on it.
-  if (type == IBV_QPT_XRC_SEND) {
-    switch (op) {
-      case IBV_WR_SEND: case IBV_WR_SEND_WITH_IMM: case IBV_WR_RDMA_WRITE:
-      case IBV_WR_RDMA_WRITE_WITH_IMM: case IBV_WR_RDMA_READ: case IBV_WR_ATOMIC_CMP_AND_SWP:
-      case IBV_WR_ATOMIC_FETCH_AND_ADD:
-        return true;
-      default:
-        return false;
-    }
-  }
+  // An XRC INI QP has RC's operations, windows and invalidation included: ibv_post_send(3)'s
+  // table, and mlx5's _mlx5_post_send (the XRC case falls through to RC's); XRC has the
+  // IETH opcodes (0xB6, 0xB7).
+  if (type == IBV_QPT_XRC_SEND) type = IBV_QPT_RC;
   switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
@@ -144,8 +136,9 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       return type == IBV_QPT_RC;
-    // Memory windows (ibv_post_send(3)'s table: UC, RC, XRC). SEND_WITH_INV on RC only:
-    // IBA has no UC opcode that carries an IETH, so no peer on the wire could take it.
+    // Memory windows (ibv_post_send(3)'s table: UC, RC, XRC). SEND_WITH_INV on RC (and
+    // XRC) only: IBA has no UC opcode that carries an IETH, so no peer on the wire could
+    // take it.
     case IBV_WR_LOCAL_INV:
     case IBV_WR_BIND_MW:
       return type == IBV_QPT_RC || type == IBV_QPT_UC;

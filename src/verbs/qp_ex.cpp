@@ -329,24 +329,23 @@ bool device_has(unsigned flag) {
 
 int check_send_ops_flags(ibv_qp_type type, uint64_t flags) {
   uint64_t ok = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-  // An XRC INI QP: RC's sends, writes, reads and atomics (no IBA 1.5 operations, no windows).
-  if (type == IBV_QPT_XRC_SEND) {
-    ok |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-          IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-          IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
-    return (flags & ~ok) ? EOPNOTSUPP : 0;
-  }
-  if (type == IBV_QPT_RC || type == IBV_QPT_UC)
+  // An XRC INI QP: RC's set without IBA 1.5's ATOMIC WRITE and FLUSH. mlx5's
+  // MLX5_SUPPORTED_SEND_OPS_FLAGS_XRC is its RC set (windows and invalidation included, no
+  // ATOMIC WRITE or FLUSH anywhere); rxe, the only provider with those two, has no XRC.
+  const bool xrc_ini = type == IBV_QPT_XRC_SEND;
+  const bool rc_like = type == IBV_QPT_RC || xrc_ini;
+  if (rc_like || type == IBV_QPT_UC)
     ok |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
-  if (type == IBV_QPT_RC)
+  if (rc_like)
     ok |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-          IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE | kQpExWithFlush;
+          IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+  if (type == IBV_QPT_RC) ok |= IBV_QP_EX_WITH_ATOMIC_WRITE | kQpExWithFlush;
   // As rxe: memory windows on RC and UC; invalidation on RC (IBA has IETH opcodes for RC
-  // only, and ibv_post_send refuses SEND_WITH_INV on UC too).
+  // only, and ibv_post_send refuses SEND_WITH_INV on UC too); XRC as mlx5, like RC.
   if (type != IBV_QPT_UD && device_has(IBV_DEVICE_MEM_WINDOW)) ok |= IBV_QP_EX_WITH_BIND_MW;
-  if (type == IBV_QPT_RC && device_has(IBV_DEVICE_MEM_MGT_EXTENSIONS))
+  if (rc_like && device_has(IBV_DEVICE_MEM_MGT_EXTENSIONS))
     ok |= IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_LOCAL_INV;
-  if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD) return EOPNOTSUPP;
+  if (!rc_like && type != IBV_QPT_UC && type != IBV_QPT_UD) return EOPNOTSUPP;
   return (flags & ~ok) ? EOPNOTSUPP : 0;
 }
 

@@ -21,8 +21,18 @@
  *     three-packet SEND and WRITE and a FETCH_ADD; then a garbage SRQ number in C's range
  *     and, once C died, C's SRQ number: REM_INV_REQ_ERR, the TGT QP to ERR with
  *     IBV_EVENT_QP_REQ_ERR.
- * Run between hosts (tests/hosts/twoproc.sh) steps 1-3 and 5 are the same over RoCE v2 (in
- * step 5 A's process hands each message to C's whole, docs/xrc.md).
+     C also binds a type 2 window on an INI QP of its own; B's SEND_WITH_INV invalidates it
+ *     through A's TGT QP (wc.invalidated_rkey in C).
+ *  6. Memory windows and invalidation (as mlx5 offers them on XRC INI QPs): A binds windows
+ *     on an INI QP of its own (ibv_bind_mw, IBV_WR_BIND_MW, ibv_wr_bind_mw) and invalidates
+ *     one (ibv_wr_local_inv); B WRITEs and READs through the type 1 window at A's XRC SRQ,
+ *     invalidates two type 2 windows with SEND_WITH_INV (ibv_post_send and ibv_wr_send_inv),
+ *     and meets the errors: an invalidated window's key again (REM_INV_REQ_ERR, A's receive
+ *     fails too), a type 1 window's old key once A bound it anew and a type 2 window through
+ *     a TGT QP (REM_ACCESS_ERR, QP_ACCESS_ERR on the TGT QP); ATOMIC WRITE and FLUSH are
+ *     not XRC send ops (EOPNOTSUPP at create).
+ * Run between hosts (tests/hosts/twoproc.sh) steps 1-3, 5 and 6 are the same over RoCE v2
+ * (in step 5 A's process hands each message to C's whole, docs/xrc.md).
  */
 #include "common.h"
 
@@ -44,7 +54,18 @@ struct a_info {
 	uint32_t rkey;
 	uint32_t c_srqn, c_rkey; /* step 5: C's XRC SRQ and memory */
 	uint64_t c_addr;
+	uint32_t c_inv_rkey; /* step 5: a type 2 window C bound, for B to invalidate */
+	uint32_t k1, k2, k3, k5; /* step 6: A's windows (type 1; type 2 x3) */
+	uint32_t k1_old;         /* step 6: the type 1 window's key before A bound it anew */
 };
+
+/* Step 6: where A's windows lie in its MR, and the send ops of the INI QPs there. */
+#define W1 40960
+#define W1B 45056
+#define W2 49152
+#define INI_OPS                                                                          \
+	(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |       \
+	 IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV)
 
 #define BIG 3000 /* three packets at MTU 1024 */
 
@@ -91,19 +112,31 @@ static struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
 	return qp;
 }
 
-static struct ibv_qp *ini_qp(struct sv_dev *d, struct ibv_cq *cq)
+/* An INI QP; with `ops`, an extended one with those send ops (NULL and errno if refused). */
+static struct ibv_qp *ini_qp_ops(struct sv_dev *d, struct ibv_cq *cq, uint64_t ops)
 {
 	struct ibv_qp_init_attr_ex a = {0};
 	a.qp_type = IBV_QPT_XRC_SEND;
 	a.comp_mask = IBV_QP_INIT_ATTR_PD;
+	if (ops) {
+		a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		a.send_ops_flags = ops;
+	}
 	a.pd = d->pd;
 	a.send_cq = cq;
 	a.cap.max_send_wr = 16;
 	a.cap.max_send_sge = 1;
 	a.cap.max_recv_wr = 4; /* an INI QP has no receive queue: ignored, reported 0 */
 	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	if (qp)
+		CHECK_EQ(a.cap.max_recv_wr, 0);
+	return qp;
+}
+
+static struct ibv_qp *ini_qp(struct sv_dev *d, struct ibv_cq *cq)
+{
+	struct ibv_qp *qp = ini_qp_ops(d, cq, 0);
 	CHECK(qp != NULL);
-	CHECK_EQ(a.cap.max_recv_wr, 0);
 	return qp;
 }
 
@@ -137,6 +170,7 @@ static void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest
 		CHECK_OK(sv_modify_rts(qp, &cfg));
 }
 
+/* A WR at XRC SRQ `srqn`; `rkey`: the remote key, or SEND_WITH_INV's key to invalidate. */
 static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint32_t srqn,
 		    struct ibv_mr *mr, size_t off, uint32_t len, uint64_t raddr, uint32_t rkey)
 {
@@ -150,6 +184,8 @@ static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint3
 	wr.qp_type.xrc.remote_srqn = srqn;
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
+	if (op == IBV_WR_SEND_WITH_INV)
+		wr.invalidate_rkey = rkey; /* the window's key to invalidate */
 	return ibv_post_send(qp, &wr, &bad);
 }
 
@@ -168,6 +204,82 @@ static int post_xrc_fetch_add(struct ibv_qp *qp, uint64_t id, uint32_t srqn, str
 	wr.wr.atomic.rkey = rkey;
 	wr.wr.atomic.compare_add = add;
 	return ibv_post_send(qp, &wr, &bad);
+}
+
+/* An INI QP in RTS with nothing to send to: connected to a TGT QP of this process. Binding
+ * a window is a send-queue operation, so the QP that binds must be in RTS. */
+static struct ibv_qp *bind_only_ini(struct sv_dev *d, struct ibv_cq *cq, struct ibv_xrcd *x,
+				    struct ibv_qp **tgt)
+{
+	struct ibv_qp *ini = ini_qp_ops(d, cq, INI_OPS);
+	CHECKF(ini != NULL, "an INI QP with windows and invalidation: %s", strerror(errno));
+	*tgt = tgt_qp(d, x);
+	connect_xrc(*tgt, d, ini->qp_num, 0);
+	connect_xrc(ini, d, (*tgt)->qp_num, 1);
+	return ini;
+}
+
+/* IBV_WR_BIND_MW of type 2 window `mw` over [off, off + len) of `mr`; returns its new key. */
+static uint32_t bind_type2(struct ibv_qp *qp, struct ibv_cq *cq, uint64_t id, struct ibv_mw *mw,
+			   struct ibv_mr *mr, size_t off, unsigned access)
+{
+	struct ibv_send_wr wr = {0}, *bad;
+	wr.wr_id = id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+	wr.bind_mw.bind_info.mr = mr;
+	wr.bind_mw.bind_info.addr = sv_addr(mr, off);
+	wr.bind_mw.bind_info.length = 4096;
+	wr.bind_mw.bind_info.mw_access_flags = access;
+	CHECK_OK(ibv_post_send(qp, &wr, &bad));
+	struct ibv_wc wc;
+	sv_expect_wc(cq, id, IBV_WC_SUCCESS, qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_BIND_MW);
+	return wr.bind_mw.rkey;
+}
+
+/* A receive completion of MSG bytes of `fill` that invalidated `rkey`. */
+static void expect_inv_recv(struct ibv_cq *cq, uint64_t id, struct ibv_mr *mr, size_t off,
+			    char fill, uint32_t rkey)
+{
+	struct ibv_wc wc;
+	sv_poll_one(cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_OPCODE(wc, IBV_WC_RECV);
+	CHECK_EQ(wc.wr_id, id);
+	CHECK_EQ(wc.byte_len, MSG);
+	CHECKF(wc.wc_flags & IBV_WC_WITH_INV, "IBV_WC_WITH_INV missing");
+	CHECK_EQ(wc.invalidated_rkey, rkey);
+	for (int i = 0; i < MSG; i++)
+		CHECKF(sv_ptr(mr, off)[i] == fill, "SEND_WITH_INV payload byte %d", i);
+}
+
+/* B: a new INI QP (with send ops `ops`, 0: a plain one) to A's second TGT QP: numbers
+ * and GIDs traded, connected; then A's go-ahead `step`. */
+static struct ibv_qp *b_connect_tgt2(struct sv_dev *d, struct ibv_cq *cq, uint64_t ops,
+				     struct a_info *mine, struct a_info *a, int step)
+{
+	struct ibv_qp *ini = ops ? ini_qp_ops(d, cq, ops) : ini_qp(d, cq);
+	CHECKF(ini != NULL, "INI QP: %s", strerror(errno));
+	mine->tgt_qpn = ini->qp_num;
+	sv_exchange(sock, mine, a, sizeof(*a));
+	sv_trade_gid(sock, ini);
+	connect_xrc(ini, d, a->tgt2_qpn, 1);
+	CHECK_EQ(sv_hear(sock), step);
+	return ini;
+}
+
+/* A: its second TGT QP reset and connected to B's newest INI QP; returns that QP's number. */
+static uint32_t a_reconnect_tgt2(struct sv_dev *d, struct ibv_qp *tgt2, struct a_info *a)
+{
+	struct a_info b;
+	sv_exchange(sock, a, &b, sizeof(b));
+	sv_trade_gid(sock, tgt2);
+	CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
+	connect_xrc(tgt2, d, b.tgt_qpn, 0);
+	return b.tgt_qpn;
 }
 
 /* ---- B: the INI side ------------------------------------------------------------------ */
@@ -236,12 +348,7 @@ static void peer_main(int s)
 	sv_say(sock, 4);
 
 	/* 3: a new INI QP to A's second TGT QP, at the SRQ made through the reopened file */
-	ini = ini_qp(&d, cq);
-	mine.tgt_qpn = ini->qp_num;
-	sv_exchange(sock, &mine, &a, sizeof(a));
-	sv_trade_gid(sock, ini);
-	connect_xrc(ini, &d, a.tgt2_qpn, 1);
-	CHECK_EQ(sv_hear(sock), 5);
+	ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 5);
 	CHECK_OK(post_xrc(ini, 5, IBV_WR_SEND, a.srqn3, mr, 0, MSG, 0, 0));
 	sv_expect_wc(cq, 5, IBV_WC_SUCCESS, ini, &wc);
 	CHECK_OK(ibv_destroy_qp(ini));
@@ -249,12 +356,7 @@ static void peer_main(int s)
 
 	/* 5: through A's TGT QP into C's XRC SRQ */
 	{
-		ini = ini_qp(&d, cq);
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 30);
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 30);
 		memset(sv_ptr(mr, 0), 'c', MSG);
 		CHECK_OK(post_xrc(ini, 50, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
 		sv_expect_wc(cq, 50, IBV_WC_SUCCESS, ini, &wc);
@@ -284,22 +386,82 @@ static void peer_main(int s)
 		uint64_t orig;
 		memcpy(&orig, sv_ptr(mr, 16384), 8);
 		CHECK_EQ(orig, 0); /* C's word before the add */
+		/* SEND_WITH_INV of C's type 2 window: A's TGT QP hands it to C, which drops it */
+		memset(sv_ptr(mr, 0), 'n', MSG);
+		CHECK_OK(post_xrc(ini, 59, IBV_WR_SEND_WITH_INV, a.c_srqn, mr, 0, MSG, 0,
+				  a.c_inv_rkey));
+		sv_expect_wc(cq, 59, IBV_WC_SUCCESS, ini, &wc);
 		/* A number in C's range that names no SRQ */
 		CHECK_OK(post_xrc(ini, 54, IBV_WR_SEND, a.c_srqn + 7, mr, 0, MSG, 0, 0));
 		sv_expect_wc(cq, 54, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
 		CHECK_OK(ibv_destroy_qp(ini));
 		sv_say(sock, 32);
 		/* C is gone now: its SRQ number names nothing */
-		ini = ini_qp(&d, cq);
-		mine.tgt_qpn = ini->qp_num;
-		sv_exchange(sock, &mine, &a, sizeof(a));
-		sv_trade_gid(sock, ini);
-		connect_xrc(ini, &d, a.tgt2_qpn, 1);
-		CHECK_EQ(sv_hear(sock), 33);
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 33);
 		CHECK_OK(post_xrc(ini, 55, IBV_WR_SEND, a.c_srqn, mr, 0, MSG, 0, 0));
 		sv_expect_wc(cq, 55, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
 		CHECK_OK(ibv_destroy_qp(ini));
 		sv_say(sock, 34);
+	}
+
+	/* 6: windows at A's XRC SRQ, and invalidation */
+	{
+		ini = b_connect_tgt2(&d, cq, INI_OPS, &mine, &a, 60);
+		/* The type 1 window: WRITE, then READ, byte by byte */
+		for (int i = 0; i < 16; i++)
+			sv_ptr(mr, 1024)[i] = (uint8_t)(0xa0 + i);
+		CHECK_OK(post_xrc(ini, 70, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1 + 8,
+				  a.k1));
+		sv_expect_wc(cq, 70, IBV_WC_SUCCESS, ini, &wc);
+		memset(sv_ptr(mr, 2048), 0, 64);
+		CHECK_OK(post_xrc(ini, 71, IBV_WR_RDMA_READ, a.srqn, mr, 2048, 32,
+				  a.addr + W1 + 1024, a.k1));
+		sv_expect_wc(cq, 71, IBV_WC_SUCCESS, ini, &wc);
+		for (int i = 0; i < 64; i++)
+			CHECKF(sv_ptr(mr, 2048)[i] == (i < 32 ? (uint8_t)(0x30 + i) : 0),
+			       "READ through the window: byte %d", i);
+		/* SEND_WITH_INV through the new API, then ibv_post_send */
+		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(ini);
+		CHECK(qx != NULL);
+		memset(sv_ptr(mr, 0), 'j', MSG);
+		ibv_wr_start(qx);
+		qx->wr_id = 72;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send_inv(qx, a.k2);
+		ibv_wr_set_xrc_srqn(qx, a.srqn);
+		ibv_wr_set_sge(qx, mr->lkey, sv_addr(mr, 0), MSG);
+		CHECK_OK(ibv_wr_complete(qx));
+		sv_expect_wc(cq, 72, IBV_WC_SUCCESS, ini, &wc);
+		memset(sv_ptr(mr, 4096), 'k', MSG);
+		CHECK_OK(post_xrc(ini, 73, IBV_WR_SEND_WITH_INV, a.srqn, mr, 4096, MSG, 0, a.k5));
+		sv_expect_wc(cq, 73, IBV_WC_SUCCESS, ini, &wc);
+		/* k2 again: its window is bound no more */
+		CHECK_OK(post_xrc(ini, 74, IBV_WR_SEND_WITH_INV, a.srqn, mr, 4096, MSG, 0, a.k2));
+		sv_expect_wc(cq, 74, IBV_WC_REM_INV_REQ_ERR, ini, &wc);
+		CHECK_OK(ibv_destroy_qp(ini));
+		sv_say(sock, 61);
+
+		/* The type 1 window bound anew: its new key works, its old one does not */
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 62);
+		for (int i = 0; i < 16; i++)
+			sv_ptr(mr, 1024)[i] = (uint8_t)(0xb0 + i);
+		CHECK_OK(post_xrc(ini, 75, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1B,
+				  a.k1));
+		sv_expect_wc(cq, 75, IBV_WC_SUCCESS, ini, &wc);
+		memset(sv_ptr(mr, 1024), 0xee, 16);
+		CHECK_OK(post_xrc(ini, 76, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W1 + 8,
+				  a.k1_old));
+		sv_expect_wc(cq, 76, IBV_WC_REM_ACCESS_ERR, ini, &wc);
+		CHECK_OK(ibv_destroy_qp(ini));
+		sv_say(sock, 63);
+
+		/* A bound type 2 window: bound to A's INI QP, never reached through a TGT QP */
+		ini = b_connect_tgt2(&d, cq, 0, &mine, &a, 64);
+		CHECK_OK(post_xrc(ini, 77, IBV_WR_RDMA_WRITE, a.srqn, mr, 1024, 16, a.addr + W2,
+				  a.k3));
+		sv_expect_wc(cq, 77, IBV_WC_REM_ACCESS_ERR, ini, &wc);
+		CHECK_OK(ibv_destroy_qp(ini));
+		sv_say(sock, 65);
 	}
 
 	/* 4: the domain's file, from this process (same host only) */
@@ -327,7 +489,11 @@ struct c_info {
 	uint32_t srqn, rkey;
 	uint64_t addr;
 	uint32_t tgt_qpn, ini_qpn;
+	uint32_t inv_rkey; /* a type 2 window bound on C's own INI QP */
 };
+
+#define C_WINDOW 49152 /* in C's MR: the window B invalidates, and the receive for it */
+#define C_INV_RECV 53248
 
 static void c_main(int s)
 {
@@ -340,12 +506,19 @@ static void c_main(int s)
 	CHECKF(x != NULL, "C: open_xrcd: %s", strerror(errno));
 	close(fd);
 	struct ibv_cq *cq = sv_create_cq(&d, 16, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
+	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL | IBV_ACCESS_MW_BIND);
 	memset(sv_ptr(mr, 8192), 'C', 8);
 	memset(sv_ptr(mr, 24576), 0, 8);
 	struct ibv_srq *srq = xrc_srq(&d, x, cq);
 	CHECK_OK(sv_post_srq_recv(srq, 500, mr, 0, MSG));
-	struct c_info mine = {srq_num(srq), mr->rkey, sv_addr(mr, 0), 0, 0}, a;
+	/* A type 2 window of the SRQ's PD, bound on an INI QP of C's (B invalidates it) */
+	struct ibv_cq *bcq = sv_create_cq(&d, 16, NULL, NULL);
+	struct ibv_qp *c_tgt;
+	struct ibv_qp *c_ini = bind_only_ini(&d, bcq, x, &c_tgt);
+	struct ibv_mw *mw = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+	CHECK(mw != NULL);
+	uint32_t inv = bind_type2(c_ini, bcq, 510, mw, mr, C_WINDOW, IBV_ACCESS_REMOTE_WRITE);
+	struct c_info mine = {srq_num(srq), mr->rkey, sv_addr(mr, 0), 0, 0, inv}, a;
 	sv_exchange(s, &mine, &a, sizeof(a)); /* A tells the TGT and INI QP numbers */
 	struct ibv_wc wc;
 	sv_poll_one(cq, &wc);
@@ -361,6 +534,7 @@ static void c_main(int s)
 	sv_expect_empty(cq, "C's SRQ CQ before the receive is posted");
 	CHECK_OK(sv_post_srq_recv(srq, 501, mr, 0, MSG));
 	CHECK_OK(sv_post_srq_recv(srq, 502, mr, 16384, 4096));
+	CHECK_OK(sv_post_srq_recv(srq, 503, mr, C_INV_RECV, MSG));
 	sv_poll_one(cq, &wc);
 	CHECK_STATUS(wc, IBV_WC_SUCCESS);
 	CHECK_EQ(wc.wr_id, 501);
@@ -373,6 +547,7 @@ static void c_main(int s)
 	CHECKF(sv_ptr(mr, 16384)[0] == 'L' && sv_ptr(mr, 16384)[BIG - 1] == 'L' &&
 		       sv_ptr(mr, 16384)[BIG] == 0,
 	       "C: the three-packet SEND");
+	expect_inv_recv(cq, 503, mr, C_INV_RECV, 'n', inv); /* B's SEND_WITH_INV */
 	CHECK_EQ(sv_hear(s), 23);
 	CHECKF(sv_ptr(mr, 32768)[0] == 'M' && sv_ptr(mr, 32768)[BIG - 1] == 'M',
 	       "C: the three-packet WRITE did not land");
@@ -417,7 +592,7 @@ int main(void)
 	CHECKF(d.dev_attr.device_cap_flags & IBV_DEVICE_XRC, "IBV_DEVICE_XRC not reported");
 	struct ibv_cq *cq = sv_create_cq(&d, 64, NULL, NULL);
 	struct ibv_cq *cq2 = sv_create_cq(&d, 64, NULL, NULL);
-	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
+	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL | IBV_ACCESS_MW_BIND);
 	memset(sv_ptr(mr, 8192), 'r', 8);
 
 	sv_step("open_xrcd: the flags' rules");
@@ -536,12 +711,9 @@ int main(void)
 		a.c_srqn = c.srqn;
 		a.c_addr = c.addr;
 		a.c_rkey = c.rkey;
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		a.c_inv_rkey = c.inv_rkey;
+		to_c.ini_qpn = a_reconnect_tgt2(&d, tgt2, &a);
 		to_c.tgt_qpn = tgt2->qp_num;
-		to_c.ini_qpn = b.tgt_qpn;
 		CHECK(write(csock, &to_c, sizeof(to_c)) == (ssize_t)sizeof(to_c));
 		sv_say(sock, 30);
 		CHECK_EQ(sv_hear(sock), 31); /* B's SEND at C's empty SRQ is on its way */
@@ -552,14 +724,134 @@ int main(void)
 		sv_say(csock, 23);
 		sv_wait_peer(cpid, "C");
 		close(csock);
-		sv_exchange(sock, &a, &b, sizeof(a));
-		sv_trade_gid(sock, tgt2);
-		CHECK_OK(sv_modify_state(tgt2, IBV_QPS_RESET));
-		connect_xrc(tgt2, &d, b.tgt_qpn, 0);
+		a_reconnect_tgt2(&d, tgt2, &a);
 		sv_say(sock, 33);
 		CHECK_EQ(sv_hear(sock), 34); /* C's SRQ number failed once C died */
 		sv_expect_async(d.ctx, IBV_EVENT_QP_REQ_ERR, tgt2);
 		CHECK_EQ(sv_query_state(tgt2), IBV_QPS_ERR);
+	}
+
+	sv_step("memory windows and SEND_WITH_INV on XRC INI QPs");
+	{
+		/* What mlx5 offers on XRC: not IBA 1.5's ATOMIC WRITE and FLUSH */
+		CHECK(ini_qp_ops(&d, cq, IBV_QP_EX_WITH_ATOMIC_WRITE) == NULL);
+		CHECK_EQ(errno, EOPNOTSUPP);
+		CHECK(ini_qp_ops(&d, cq, 1ull << 11) == NULL); /* ..._WITH_FLUSH, rdma-core 45 */
+		CHECK_EQ(errno, EOPNOTSUPP);
+		struct ibv_cq *bcq = sv_create_cq(&d, 16, NULL, NULL);
+		struct ibv_cq *cq6 = sv_create_cq(&d, 16, NULL, NULL);
+		struct ibv_srq *srq6 = xrc_srq(&d, x, cq6);
+		struct ibv_qp *tgt3;
+		struct ibv_qp *a_ini = bind_only_ini(&d, bcq, x, &tgt3);
+		struct ibv_mw *mw1 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_1);
+		struct ibv_mw *mw2 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw3 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw4 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		struct ibv_mw *mw5 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+		CHECK(mw1 && mw2 && mw3 && mw4 && mw5);
+		struct ibv_mw_bind mb = {0};
+		mb.wr_id = 80;
+		mb.send_flags = IBV_SEND_SIGNALED;
+		mb.bind_info.mr = mr;
+		mb.bind_info.addr = sv_addr(mr, W1);
+		mb.bind_info.length = 4096;
+		mb.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+		CHECK_ERR(ibv_bind_mw(tgt3, mw1, &mb), EINVAL); /* a TGT QP has no send queue */
+		CHECK_OK(ibv_bind_mw(a_ini, mw1, &mb));
+		sv_expect_wc(bcq, 80, IBV_WC_SUCCESS, a_ini, &wc);
+		CHECK_OPCODE(wc, IBV_WC_BIND_MW);
+		a.k1 = mw1->rkey;
+		a.k2 = bind_type2(a_ini, bcq, 81, mw2, mr, W2, IBV_ACCESS_REMOTE_WRITE);
+		a.k5 = bind_type2(a_ini, bcq, 83, mw5, mr, W2, IBV_ACCESS_REMOTE_WRITE);
+		/* The new API binds and invalidates too */
+		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(a_ini);
+		CHECK(qx != NULL);
+		struct ibv_mw_bind_info bi = {mr, sv_addr(mr, W2), 4096, IBV_ACCESS_REMOTE_WRITE};
+		a.k3 = ibv_inc_rkey(mw3->rkey);
+		ibv_wr_start(qx);
+		qx->wr_id = 82;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_bind_mw(qx, mw3, a.k3, &bi);
+		CHECK_OK(ibv_wr_complete(qx));
+		sv_expect_wc(bcq, 82, IBV_WC_SUCCESS, a_ini, &wc);
+		CHECK_OPCODE(wc, IBV_WC_BIND_MW);
+		uint32_t k4 = bind_type2(a_ini, bcq, 84, mw4, mr, W2, IBV_ACCESS_REMOTE_WRITE);
+		ibv_wr_start(qx);
+		qx->wr_id = 85;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_local_inv(qx, k4);
+		CHECK_OK(ibv_wr_complete(qx));
+		sv_expect_wc(bcq, 85, IBV_WC_SUCCESS, a_ini, &wc);
+		CHECK_OPCODE(wc, IBV_WC_LOCAL_INV);
+		k4 = bind_type2(a_ini, bcq, 86, mw4, mr, W2, IBV_ACCESS_REMOTE_WRITE);
+		struct ibv_send_wr li = {0}, *bad;
+		li.wr_id = 87;
+		li.opcode = IBV_WR_LOCAL_INV;
+		li.send_flags = IBV_SEND_SIGNALED;
+		li.invalidate_rkey = k4;
+		CHECK_OK(ibv_post_send(a_ini, &li, &bad));
+		sv_expect_wc(bcq, 87, IBV_WC_SUCCESS, a_ini, &wc);
+		CHECK_OPCODE(wc, IBV_WC_LOCAL_INV);
+		/* What B reads, and where its writes must (not) land */
+		for (int i = 0; i < 32; i++)
+			sv_ptr(mr, W1 + 1024)[i] = (uint8_t)(0x30 + i);
+		memset(sv_ptr(mr, W1), 0, 1024);
+		memset(sv_ptr(mr, W1B), 0, 64);
+		memset(sv_ptr(mr, W2), 0, 64);
+
+		a.srqn = srq_num(srq6);
+		a_reconnect_tgt2(&d, tgt2, &a);
+		CHECK_OK(sv_post_srq_recv(srq6, 90, mr, 16384, MSG));
+		CHECK_OK(sv_post_srq_recv(srq6, 91, mr, 17408, MSG));
+		CHECK_OK(sv_post_srq_recv(srq6, 92, mr, 18432, MSG));
+		sv_say(sock, 60);
+		expect_inv_recv(cq6, 90, mr, 16384, 'j', a.k2);
+		expect_inv_recv(cq6, 91, mr, 17408, 'k', a.k5);
+		sv_poll_one(cq6, &wc); /* k2 again: the data lands, the receive fails (class J) */
+		CHECK_EQ(wc.wr_id, 92);
+		CHECK_STATUS(wc, IBV_WC_REM_INV_REQ_ERR);
+		CHECK_EQ(sv_hear(sock), 61);
+		for (int i = 0; i < 1024; i++)
+			CHECKF(sv_ptr(mr, W1)[i] ==
+				       (i >= 8 && i < 24 ? (uint8_t)(0xa0 + i - 8) : 0),
+			       "WRITE through the type 1 window: byte %d", i);
+		CHECK_EQ(sv_query_state(tgt2), IBV_QPS_ERR);
+
+		/* mw1 bound anew (ibv_bind_mw again): a new key, over W1B */
+		a.k1_old = a.k1;
+		mb.wr_id = 88;
+		mb.bind_info.addr = sv_addr(mr, W1B);
+		CHECK_OK(ibv_bind_mw(a_ini, mw1, &mb));
+		sv_expect_wc(bcq, 88, IBV_WC_SUCCESS, a_ini, &wc);
+		a.k1 = mw1->rkey;
+		CHECK(a.k1 != a.k1_old);
+		a_reconnect_tgt2(&d, tgt2, &a);
+		sv_say(sock, 62);
+		CHECK_EQ(sv_hear(sock), 63);
+		sv_expect_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, tgt2);
+		for (int i = 0; i < 64; i++)
+			CHECKF(sv_ptr(mr, W1B)[i] == (i < 16 ? (uint8_t)(0xb0 + i) : 0),
+			       "WRITE through the window bound anew: byte %d", i);
+		for (int i = 0; i < 16; i++) /* the old key wrote nothing */
+			CHECK_EQ(sv_ptr(mr, W1 + 8)[i], (uint8_t)(0xa0 + i));
+
+		a_reconnect_tgt2(&d, tgt2, &a);
+		sv_say(sock, 64);
+		CHECK_EQ(sv_hear(sock), 65);
+		sv_expect_async(d.ctx, IBV_EVENT_QP_ACCESS_ERR, tgt2);
+		for (int i = 0; i < 64; i++)
+			CHECK_EQ(sv_ptr(mr, W2)[i], 0); /* the type 2 window took nothing */
+
+		CHECK_OK(ibv_destroy_qp(a_ini));
+		CHECK_OK(ibv_destroy_qp(tgt3));
+		CHECK_OK(ibv_dealloc_mw(mw1));
+		CHECK_OK(ibv_dealloc_mw(mw2));
+		CHECK_OK(ibv_dealloc_mw(mw3));
+		CHECK_OK(ibv_dealloc_mw(mw4));
+		CHECK_OK(ibv_dealloc_mw(mw5));
+		CHECK_OK(ibv_destroy_srq(srq6));
+		CHECK_OK(ibv_destroy_cq(cq6));
+		CHECK_OK(ibv_destroy_cq(bcq));
 	}
 
 	sv_step("teardown; the domain outlives our handles while B holds it");

@@ -244,6 +244,34 @@ TEST(RocePacketTest, XrcethByteExact) {
   EXPECT_EQ(decode_checked(out, 15, &d), DecodeError::kTooShort);
 }
 
+// XRC SEND LAST/ONLY WITH INVALIDATE (0xB6, 0xB7): the XRCETH first, then the IETH (the
+// R_Key to invalidate); IBA 1.5's FLUSH (0xBC) and ATOMIC WRITE (0xBD) are no XRC opcodes.
+TEST(RocePacketTest, XrcSendWithInvalidateByteExact) {
+  Packet w;
+  w.opcode = kXrc | kSendOnlyInv;
+  w.dest_qp = 0x000042;
+  w.psn = 9;
+  w.xrc_srqn = 0x123456;
+  w.inv_rkey = 0xa1b2c3d4;  // host order
+  const uint8_t data[3] = {5, 6, 7};
+  uint8_t out[64] = {};
+  ASSERT_EQ(encode(w, data, 3, out, sizeof out), 12u + 4 + 4 + 3 + 1 + 4);  // pad to 4
+  EXPECT_EQ(out[0], 0xb7);
+  const uint8_t xrceth_ieth[8] = {0, 0x12, 0x34, 0x56, 0xa1, 0xb2, 0xc3, 0xd4};
+  EXPECT_EQ(memcmp(out + 12, xrceth_ieth, 8), 0);
+  EXPECT_EQ(memcmp(out + 20, data, 3), 0);
+  Packet d;
+  ASSERT_TRUE(decode(out, 28, &d));
+  EXPECT_EQ(d.xrc_srqn, 0x123456u);
+  EXPECT_EQ(d.inv_rkey, 0xa1b2c3d4u);
+  EXPECT_EQ(d.payload_len, 3u);
+  EXPECT_STREQ(opcode_info(kXrc | kSendOnlyInv).name, "XRC_SEND_ONLY_WITH_INVALIDATE");
+  EXPECT_STREQ(opcode_info(kXrc | kSendLastInv).name, "XRC_SEND_LAST_WITH_INVALIDATE");
+  EXPECT_EQ(header_bytes(kXrc | kSendLastInv), 12u + 4 + 4);
+  EXPECT_EQ(header_bytes(kXrc | kFlush), 0u);
+  EXPECT_EQ(header_bytes(kXrc | kAtomicWrite), 0u);
+}
+
 TEST(RocePacketTest, EveryOpcodeRoundTrips) {
   std::vector<uint8_t> payload(4096 + 3);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 7 + 1);

@@ -75,8 +75,8 @@ struct TmMark {
 struct SendWqe {
   uint64_t wr_id = 0;
   TmMark tm;                           // the owner's own work (never signaled to anyone)
-  ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
-                                       // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD,
+  ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM, _WITH_INV), RDMA_WRITE(_WITH_IMM),
+                                       // RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD,
                                        // ATOMIC_WRITE, FLUSH (kWrFlush)
   unsigned send_flags = 0;             // IBV_SEND_SIGNALED, _SOLICITED, _FENCE
   uint32_t imm = 0;                    // network order; SEND_WITH_INV: the R_Key (host)
@@ -144,12 +144,12 @@ enum class XrcSrqPlace : uint8_t {
 // WRITE's last packet, a READ or atomic request); PSN order, duplicates and ACKs stay the
 // QP's. The payload and the result lie in the QP's memory.
 struct XrcAway {
-  ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM), RDMA_WRITE(_WITH_IMM), RDMA_READ,
-                                       // ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
+  ibv_wr_opcode opcode = IBV_WR_SEND;  // SEND(_WITH_IMM, _WITH_INV), RDMA_WRITE(_WITH_IMM),
+                                       // RDMA_READ, ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD
   uint32_t srqn = 0;
   uint32_t src_qpn = 0;  // the INI QP
   uint8_t min_rnr_timer = 0, max_dest_rd_atomic = 0;  // the TGT QP's, for the checks there
-  uint32_t imm = 0;      // network order
+  uint32_t imm = 0;      // network order; SEND_WITH_INV: the R_Key, host order
   bool solicited = false;
   uint32_t rkey = 0;
   uint64_t va = 0;

@@ -61,7 +61,7 @@ bool ends_message(uint8_t op) {
       return false;
   }
 }
-// SEND_LAST/ONLY_WITH_INVALIDATE (0x16, 0x17) are sends too; only RC has them.
+// SEND_LAST/ONLY_WITH_INVALIDATE (0x16, 0x17) are sends too; only RC (and XRC) have them.
 bool carries_ieth(uint8_t op) { return op == rw::kSendLastInv || op == rw::kSendOnlyInv; }
 bool is_send_op(uint8_t op) { return op <= rw::kSendOnlyImm || carries_ieth(op); }
 bool is_write_op(uint8_t op) { return op >= rw::kWriteFirst && op <= rw::kWriteOnlyImm; }
@@ -557,7 +557,7 @@ void PacketQp::do_away(const Packet& pkt, uint8_t op) {
     do_atomic(pkt);
     return;
   }
-  if (is_flush_or_atomic_write_op(op) || carries_ieth(op)) {  // not XRC operations
+  if (is_flush_or_atomic_write_op(op)) {  // not XRC operations (no XRC opcodes for them)
     responder_fatal(rw::kNakInvalidRequest, psn, IBV_EVENT_QP_REQ_ERR);
     return;
   }
@@ -587,15 +587,15 @@ void PacketQp::do_away(const Packet& pkt, uint8_t op) {
     if (pkt.ack_req) send_ack(kAckUnlimited, psn);
     return;
   }
-  const bool imm = carries_imm(op);
+  const bool imm = carries_imm(op), inv = carries_ieth(op);
   XrcAway a;
   a.opcode = write ? (imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE)
-                   : (imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND);
+                   : (imm ? IBV_WR_SEND_WITH_IMM : inv ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND);
   a.srqn = away_srqn_;
   a.src_qpn = dest_qpn_;
   a.min_rnr_timer = min_rnr_timer_;
   a.max_dest_rd_atomic = max_dest_rd_atomic_;
-  a.imm = imm ? pkt.imm : 0;
+  a.imm = imm ? pkt.imm : inv ? pkt.inv_rkey : 0;  // SEND_WITH_INV: the R_Key, host order
   a.solicited = pkt.solicited;
   a.rkey = away_rkey_;
   a.va = away_va_;
