@@ -59,10 +59,11 @@ void cq_moderation_sync_timer(Cq* cq);
 // The channel's waiter, for each CQ of the channel: fires the event held by moderation
 // once its period is over (`now_ns`: CLOCK_MONOTONIC). Returns true if it fired.
 bool cq_moderation_expire(Cq* cq, uint64_t now_ns);
-void cq_moderation_expire_all(const std::vector<Cq*>& cqs);  // the same, for the due ones
+// The same for the CQs of `ch` whose timer is set (caller holds ch->cqs_mu).
+void cq_moderation_expire_due(CompChannel* ch);
 // ibv_modify_cq's moderation, values already checked: 0 or an errno value.
 int cq_set_moderation(Cq* cq, uint16_t count, uint16_t period_us);
-// destroy_cq, once no waiter can reach the CQ: the timerfd leaves the channel and closes.
+// destroy_cq, under the channel's cqs_mu: the timerfd leaves the channel and closes.
 void cq_moderation_close(Cq* cq);
 // Drops the completions of QP `qpn` not yet polled (a QP moved to RESET starts afresh,
 // as hardware providers do it).

@@ -16,6 +16,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/completion_clock.hpp"
@@ -72,6 +73,12 @@ void cq_moderation_sync_timer(Cq* cq) {
   if (want == cq->mod_timer_at.load(std::memory_order_relaxed)) return;
   set_timer(cq->mod_timer_fd, want);
   cq->mod_timer_at.store(want, std::memory_order_release);
+  if (want == 0) return;  // the waiter drops it from `timed` when it next looks
+  std::lock_guard<std::mutex> timed(cq->channel->timed_mu);
+  if (!cq->timed) {
+    cq->timed = true;
+    cq->channel->timed.push_back(cq);
+  }
 }
 
 bool cq_moderation_expire(Cq* cq, uint64_t now_ns) {
@@ -100,13 +107,27 @@ bool cq_moderation_expire(Cq* cq, uint64_t now_ns) {
   return fire;
 }
 
-void cq_moderation_expire_all(const std::vector<Cq*>& cqs) {
-  uint64_t now = 0;
-  for (Cq* cq : cqs) {
-    if (cq->mod_timer_at.load(std::memory_order_relaxed) == 0) continue;
-    if (now == 0) now = monotonic_ns();
-    cq_moderation_expire(cq, now);
+void cq_moderation_expire_due(CompChannel* ch) {
+  std::vector<Cq*>& due = ch->timed_scratch;
+  due.clear();
+  {
+    // Expired outside timed_mu: expiring may set a timer again (cq_moderation_sync_timer).
+    std::lock_guard<std::mutex> lock(ch->timed_mu);
+    for (size_t i = 0; i < ch->timed.size();) {
+      Cq* cq = ch->timed[i];
+      if (cq->mod_timer_at.load(std::memory_order_relaxed) != 0) {
+        due.push_back(cq);
+        ++i;
+        continue;
+      }
+      cq->timed = false;
+      ch->timed[i] = ch->timed.back();
+      ch->timed.pop_back();
+    }
   }
+  if (due.empty()) return;
+  const uint64_t now = monotonic_ns();
+  for (Cq* cq : due) cq_moderation_expire(cq, now);
 }
 
 int cq_set_moderation(Cq* cq, uint16_t count, uint16_t period_us) {
@@ -150,8 +171,12 @@ void cq_moderation_close(Cq* cq) {
   if (cq->mod_timer_fd < 0) return;
   cq->channel->events.unwatch(cq->mod_timer_fd);
   ::close(cq->mod_timer_fd);
-  cq->mod_timer_fd = -1;
+  cq->mod_timer_fd = -1;  // no cq_moderation_sync_timer puts it in `timed` again
   cq->mod_timer_at.store(0, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> timed(cq->channel->timed_mu);
+  std::vector<Cq*>& list = cq->channel->timed;
+  if (cq->timed) list.erase(std::find(list.begin(), list.end(), cq));
+  cq->timed = false;
 }
 
 }  // namespace softverbs

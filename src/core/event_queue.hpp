@@ -100,12 +100,12 @@ class EventQueue {
   // Blocks unless the application set O_NONBLOCK on the fd. Returns 0, or -1 with errno.
   template <typename F>
   int wait_pop(T* out, F&& deliver) {
-    return wait_pop(out, deliver, [] {});
+    return wait_pop(out, deliver, [](uint64_t) {});
   }
 
   // The same, for a queue that peers may also wake (by writing to write_fd()) after they
-  // left work that `refill` turns into events. A waiter consumes the wake-ups so far, then
-  // refills, then sleeps in epoll_wait on the fd (or says EAGAIN if the application set
+  // left work that `refill(wakeups)` turns into events. A waiter consumes the wake-ups so
+  // far (their count goes to refill), then refills, then sleeps in epoll_wait on the fd (or says EAGAIN if the application set
   // O_NONBLOCK on it). Consumed before the refill, a wake-up for work the refill takes does
   // not leave the fd readable with nothing pending; one that arrives after it stays counted,
   // so none is lost.
@@ -120,12 +120,13 @@ class EventQueue {
       }
     } end_on_exit{also, began};
     for (;;) {
+      uint64_t wakeups = 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++quiet_;  // what refill() pushes is taken below: no need to raise the level for it
-        if (handed_out_.load(std::memory_order_relaxed)) drain_wakeups();
+        if (handed_out_.load(std::memory_order_relaxed)) wakeups = drain_wakeups();
       }
-      refill();
+      refill(wakeups);
       {
         std::lock_guard<std::mutex> lock(mu_);
         --quiet_;
@@ -201,9 +202,9 @@ class EventQueue {
     raised_ = false;
   }
   // Takes every peer wake-up so far at once (an eventfd read returns and clears the count).
-  void drain_wakeups() {
-    uint64_t count;
-    (void)!::read(wake_fd_, &count, sizeof(count));
+  uint64_t drain_wakeups() {
+    uint64_t count = 0;
+    return ::read(wake_fd_, &count, sizeof(count)) == sizeof(count) ? count : 0;
   }
 
   std::mutex mu_;

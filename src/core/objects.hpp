@@ -247,7 +247,23 @@ struct CompChannel {
   // Its CQs: a peer that woke the channel left messages in their receive windows.
   std::mutex cqs_mu;
   std::vector<Cq*> cqs;
+  // The same by Cq::channel_slot (nullptr: a free slot, in free_slots), under cqs_mu. A
+  // CQ's bit in the ready sets below is its slot % wire::kReadyBits.
+  std::vector<Cq*> by_slot;
+  std::vector<uint32_t> free_slots;
+  // Which CQs a waiter looks at (verbs/cq.cpp, get_cq_event), instead of all of them:
+  // `looks`, ours (armed since the last look, or left with messages), and `peer_ready` in
+  // the shared arena, set by requesters in other processes when they wake us: hints.
+  wire::ReadyBits looks{};
+  wire::ReadyBits* peer_ready = nullptr;
+  uint64_t peer_ready_offset = 0;  // in this process's arena; 0: none
+  // Under cqs_mu: bits taken from peer_ready whose wake-up may still be on its way.
+  uint64_t ready_credit = 0;
   std::atomic<int> wire_cqs{0};  // of them fed by QPs on the wire (Cq::roce_fed)
+  // CQs whose moderation timer is set (core/cq_moderation.cpp): the waiter expires those.
+  std::mutex timed_mu;
+  std::vector<Cq*> timed;
+  std::vector<Cq*> timed_scratch;  // under cqs_mu: the waiter's copy of `timed`
   static CompChannel* from(ibv_comp_channel* c);
 };
 
@@ -266,6 +282,7 @@ struct Cq {
   uint32_t magic = kCqMagic;
   Context* ctx;
   CompChannel* channel;
+  uint32_t channel_slot = 0;  // in channel->by_slot
 
   // Ring of completions: producers serialise on produce_mu, pollers on consume_mu.
   // head/tail count entries ever consumed/produced; the fast empty check is one load.
@@ -337,6 +354,7 @@ struct Cq {
   std::mutex mod_timer_mu;      // orders the timerfd's settings (set outside produce_mu)
   int mod_timer_fd = -1;        // created by the first ibv_modify_cq that needs it
   std::atomic<uint64_t> mod_timer_at{0};  // what the timerfd is set to (0: disarmed)
+  bool timed = false;           // in channel->timed (under its timed_mu)
 
   ibv_cq* cq() { return ibv_cq_ex_to_cq(&ibv); }
   static Cq* from(ibv_cq* c);

@@ -209,6 +209,10 @@ void close_ud_windows(Qp* t, bool deliver_first);  // close_window's UD case
 // blocking; a WR's payload as iovecs (-1: a bad key; caller holds the key lock unless
 // inline); under cq->inbound_mu, what the CQ watches after its list changed.
 bool usable_wake_fd(int fd);
+// A message to an armed CQ of another process is in its window: wake its channel (the
+// CQ's ready bit, then the wake-up fd unless the bit was set), or have its agent (`slot`)
+// drain QP dst_qpn's window when the fd cannot be written.
+void wake_target(const wire::ReadyHint& ready, int wake_fd, int slot, uint32_t dst_qpn);
 int payload_iovecs(Qp* qp, const ibv_send_wr* wr, iovec* v);
 void update_solo_locked(Cq* cq);
 

@@ -50,6 +50,51 @@ void drop_peer_window(Qp* qp) {
   pw.arena = {};
 }
 
+namespace {
+
+// conformance.twoproc_channel_garbage: with SOFTVERBS_TEST_READY_GARBAGE=SEED (read at the
+// first wake-up, so a forked test process may set it) this process is a requester that,
+// at each wake-up, overwrites the target's ReadyBits with garbage (about every other time
+// with zeros) after setting its bit, and writes the wake-up fd whatever the bit was.
+std::atomic<uint64_t> g_garbage{UINT64_MAX};
+
+bool scribble_ready(wire::ReadyBits* bits) {
+  uint64_t x = g_garbage.load(std::memory_order_relaxed);
+  if (x == UINT64_MAX) {
+    const char* seed = getenv("SOFTVERBS_TEST_READY_GARBAGE");
+    x = seed ? std::strtoull(seed, nullptr, 0) | 1 : 0;
+    g_garbage.store(x, std::memory_order_relaxed);
+  }
+  if (x == 0 || !bits) return false;
+  const bool zeros = (x >> 7) & 1;
+  for (std::atomic<uint64_t>& w : bits->words) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    w.store(zeros ? 0 : x, std::memory_order_relaxed);
+  }
+  g_garbage.store(x, std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace
+
+void wake_target(const wire::ReadyHint& ready, int wake_fd, int slot, uint32_t dst_qpn) {
+  if (wake_fd >= 0) {
+    // send-small: one write per sleep, not per message. A bit already set has a write
+    // coming, or not yet taken by the waiter, whose look at the CQ (after taking the bit,
+    // seq_cst) finds this message too and fires the event.
+    const bool pending = ready.bits && wire::ready_set(*ready.bits, ready.bit);
+    const bool garbage = scribble_ready(ready.bits);
+    if (pending && !garbage) return;
+    uint64_t one = 1;
+    if (write(wake_fd, &one, sizeof(one)) == sizeof(one)) return;
+    // A full counter: later requesters must write again (and we ask the agent).
+    if (ready.bits) wire::ready_clear(*ready.bits, ready.bit);
+  }
+  wire::agent_drain(slot, dst_qpn);
+}
+
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
 wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
@@ -118,6 +163,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.pd_token = hdr->pd_token;
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
+  pw.ready = wire::ready_hint(arena, cq);
   pw.arena = arena;
   return &pw;
 }
@@ -209,19 +255,8 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   // completion is added (and the event fires) exactly as for a local arrival.
   pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
   int arm = pw->cq->arm.load(std::memory_order_seq_cst);
-  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED))) {
-    // Wake the target's channel ourselves (its ibv_get_cq_event drains: one wake-up), or
-    // have its agent drain when we have no way to reach the channel.
-    // send-small: one write per sleep, not per message. A write already pending (the
-    // target has not looked since) covers ours: its look (clear, then drain) comes after
-    // our slot (both seq_cst), so it finds this message too and fires the event.
-    if (pw->wake_fd >= 0 && pw->cq->wake_pending.exchange(1, std::memory_order_seq_cst)) return;
-    uint64_t one = 1;
-    if (pw->wake_fd < 0 || write(pw->wake_fd, &one, sizeof(one)) != sizeof(one)) {
-      if (pw->wake_fd >= 0) pw->cq->wake_pending.store(0, std::memory_order_seq_cst);
-      wire::agent_drain(pw->arena.slot, pw->dst_qpn);
-    }
-  }
+  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED)))
+    wake_target(pw->ready, pw->wake_fd, pw->arena.slot, pw->dst_qpn);
 }
 
 namespace {

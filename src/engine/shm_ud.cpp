@@ -79,6 +79,7 @@ bool open_peer(Qp* qp, uint32_t dst_qpn, wire::UdPeerWindow& p) {
   p.slots = reinterpret_cast<wire::UdSlot*>(reinterpret_cast<char*>(hdr) + wire::ud_window_slots_at());
   p.pid = arena.pid;
   p.wake_fd = wake_fd;
+  p.ready = wire::ready_hint(arena, cq);
   p.arena = arena;
   p.opened = ++qp->ud_opens;
   return true;
@@ -157,11 +158,8 @@ void ud_commit(wire::UdPeerWindow* p, wire::UdSlot& s, const UdHeader& h) {
   // As window_commit (shm_requester.cpp): an armed CQ may be asleep in ibv_get_cq_event.
   p->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
   int arm = p->cq->arm.load(std::memory_order_seq_cst);
-  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && solicited)) {
-    uint64_t one = 1;
-    if (p->wake_fd < 0 || write(p->wake_fd, &one, sizeof(one)) != sizeof(one))
-      wire::agent_drain(p->arena.slot, p->dst_qpn);
-  }
+  if (arm == wire::kArmNext || (arm == wire::kArmSolicited && solicited))
+    wake_target(p->ready, p->wake_fd, p->arena.slot, p->dst_qpn);
 }
 
 // The Q_Key a datagram carries: the QP's own when the WR's has the high bit set (IBA

@@ -45,6 +45,13 @@ ibv_comp_channel* create_comp_channel(Context* ctx) {
   ch->ibv.context = ctx->ibv();
   ch->ibv.fd = ch->events.fd();
   ch->ibv.refcnt = 0;
+  // The bits requesters set to say which CQ they woke us for go to the shared arena.
+  if (wire::Arena* arena = wire::Arena::self()) {
+    if (uint64_t off = arena->allocate(sizeof(wire::ReadyBits))) {
+      ch->peer_ready_offset = off;
+      ch->peer_ready = arena->at<wire::ReadyBits>(off);
+    }
+  }
   stat::publish(ch);
   return &ch->ibv;
 }
@@ -55,6 +62,10 @@ int destroy_comp_channel(CompChannel* ch) {
   bool busy = ch->ibv.refcnt > 0;
   pthread_mutex_unlock(mu);
   if (busy) return EBUSY;
+  // As a CQ's shared block (destroy_cq): a requester that still wrote here only costs the
+  // next owner a look.
+  if (ch->peer_ready_offset)
+    if (wire::Arena* arena = wire::Arena::self()) arena->release(ch->peer_ready_offset, sizeof(wire::ReadyBits));
   stat::withdraw(ch);
   ch->magic = kDead;
   delete ch;
@@ -95,6 +106,14 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
     pthread_mutex_unlock(&ctx->ibv()->mutex);
     std::lock_guard<std::mutex> lock(ch->cqs_mu);
     ch->cqs.push_back(cq);
+    if (ch->free_slots.empty()) {
+      cq->channel_slot = static_cast<uint32_t>(ch->by_slot.size());
+      ch->by_slot.push_back(cq);
+    } else {
+      cq->channel_slot = ch->free_slots.back();
+      ch->free_slots.pop_back();
+      ch->by_slot[cq->channel_slot] = cq;
+    }
   }
   // The arm word goes to the shared arena, where requesters in other processes can see it.
   if (wire::Arena* arena = wire::Arena::self()) {
@@ -103,6 +122,8 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
       cq->shared = arena->at<wire::CqShared>(off);
       cq->arm = &cq->shared->arm;
       cq->arm->store(wire::kArmNone);
+      cq->shared->ready_bit = cq->channel_slot % wire::kReadyBits;
+      cq->shared->ready_offset = ch ? ch->peer_ready_offset : 0;
     }
   }
   {
@@ -147,11 +168,13 @@ int destroy_cq(Cq* cq) {
     cq->arm->store(wire::kArmNone);
   }
   if (CompChannel* ch = cq->channel) {
-    std::lock_guard<std::mutex> lock(ch->cqs_mu);
+    std::lock_guard<std::mutex> lock(ch->cqs_mu);  // no waiter's refill reaches the CQ after
     ch->cqs.erase(std::remove(ch->cqs.begin(), ch->cqs.end(), cq), ch->cqs.end());
+    ch->by_slot[cq->channel_slot] = nullptr;
+    ch->free_slots.push_back(cq->channel_slot);
     if (cq->roce_fed.load()) ch->wire_cqs--;
+    cq_moderation_close(cq);
   }
-  cq_moderation_close(cq);  // no waiter's refill reaches the CQ any more
   // Events not yet handed out vanish; those handed out must be acked first.
   if (cq->channel) cq->channel->events.remove_if([cq](Cq* c) { return c == cq; });
   drop_async_events_of(cq->ctx, EventElement::Cq, cq->cq());
@@ -183,26 +206,47 @@ int destroy_cq(Cq* cq) {
 
 namespace {
 
-// Messages that peers left in receive windows become completions now (they ring the CQ's
-// doorbell after each one, so an idle CQ costs one more load). With `wc` (ibv_poll_cq's
-// array), a CQ fed by one window may land them straight in it: returns how many did.
-int take_inbound(Cq* cq, int max, ibv_wc* wc) {
-  if (!cq->has_inbound.load(std::memory_order_relaxed)) return 0;
+enum class Inbound { None, Solo, Rang };
+
+// Whether messages wait in cq's receive windows, by one load as ibv_poll_cq makes it: the
+// one window's next slot, or the doorbell (its value to *bell) against the one last
+// drained for.
+Inbound inbound_waiting(Cq* cq, uint64_t* bell) {
+  if (!cq->has_inbound.load(std::memory_order_relaxed)) return Inbound::None;
   if (const wire::WindowSlot* slots = cq->solo_slots.load(std::memory_order_acquire)) {
     uint64_t head = cq->solo_head.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
-    if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1) {
+    return slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1
+               ? Inbound::Solo
+               : Inbound::None;
+  }
+  *bell = cq->shared->doorbell.load(std::memory_order_acquire);
+  return *bell != cq->doorbell_seen.load(std::memory_order_relaxed) ? Inbound::Rang
+                                                                    : Inbound::None;
+}
+
+// Messages that peers left in receive windows become completions now (they ring the CQ's
+// doorbell after each one, so an idle CQ costs one more load), `what` and `bell` from
+// inbound_waiting. With `wc` (ibv_poll_cq's array), a CQ fed by one window may land them
+// straight in it: returns how many did.
+int take(Cq* cq, Inbound what, uint64_t bell, int max, ibv_wc* wc) {
+  switch (what) {
+    case Inbound::None:
+      return 0;
+    case Inbound::Solo:
       if (wc && max > 0)
         if (int n = engine::drain_solo_into(cq, max, wc)) return n;
-      engine::drain_inbound(cq);
-    }
-  } else {
-    uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
-    if (bell != cq->doorbell_seen.load(std::memory_order_relaxed)) {
+      break;
+    case Inbound::Rang:
       cq->doorbell_seen.store(bell, std::memory_order_relaxed);
-      engine::drain_inbound(cq);
-    }
+      break;
   }
+  engine::drain_inbound(cq);
   return 0;
+}
+
+int take_inbound(Cq* cq, int max, ibv_wc* wc) {
+  uint64_t bell = 0;
+  return take(cq, inbound_waiting(cq, &bell), bell, max, wc);
 }
 
 // The ring's tail, after packets from the wire were received here when the ring is empty
@@ -256,9 +300,73 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   // sleeps: a requester bumps the doorbell, then reads this word (both seq_cst), so either
   // it sees us armed and wakes us, or our drain before sleeping sees its message.
   cq->arm->store(armed, std::memory_order_seq_cst);
+  // Messages that came before the arm woke nobody: the channel's waiter looks (after the
+  // arm, so any message it misses finds the CQ armed and wakes it).
+  if (CompChannel* ch = cq->channel) wire::ready_set(ch->looks, cq->channel_slot);
   return 0;
 }
 
+
+namespace {
+
+// A waiter's look at CQ c of ch (caller holds ch->cqs_mu, and took c's bits): the CQ's
+// own check, as ibv_poll_cq makes it (one load when nothing came). Returns whether
+// messages were waiting.
+bool look_at(CompChannel* ch, Cq* c) {
+  uint64_t bell = 0;
+  const Inbound what = inbound_waiting(c, &bell);
+  if (what == Inbound::None) return false;
+  take(c, what, bell, 0, nullptr);
+  // Messages left (completions held back come first, or too many windows at once): looked
+  // at again at the next wake-up, as when every CQ was.
+  if (inbound_waiting(c, &bell) != Inbound::None) wire::ready_set(ch->looks, c->channel_slot);
+  return true;
+}
+
+uint64_t take_word(std::atomic<uint64_t>& w) {
+  return w.load(std::memory_order_relaxed) ? w.exchange(0, std::memory_order_seq_cst) : 0;
+}
+
+// Before a waiter on `ch` sleeps (caller holds ch->cqs_mu), after `wakeups` from peers:
+// looks at the CQs whose bits are set, in ours and the peers' ReadyBits, not at every CQ
+// (issue 14: with 1,000 CQs on a channel that was most of the CPU of an event). Each bit
+// a requester sets (0 -> 1) comes with one wake-up, before or after we take it, for a CQ
+// with a message: more wake-ups than bits that led to messages (a peer wiped or moved
+// bits, or has none to set) and every CQ is looked at.
+void look_at_ready(CompChannel* ch, uint64_t wakeups) {
+  constexpr uint32_t kWords = wire::kReadyBits / 64;
+  // Bits that led to messages whose wake-ups are still to come: as many as requesters can
+  // be between their bit and their write; beyond that it is garbage.
+  constexpr uint64_t kMaxCredit = 64;
+  uint64_t ours[kWords], theirs[kWords];
+  for (uint32_t w = 0; w < kWords; ++w) {
+    ours[w] = take_word(ch->looks.words[w]);
+    theirs[w] = ch->peer_ready ? take_word(ch->peer_ready->words[w]) : 0;
+  }
+  // Taken, then looked at (seq_cst): a requester that found its bit set before we took it
+  // left its message to this look.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint64_t found = 0;
+  for (uint32_t w = 0; w < kWords; ++w) {
+    for (uint64_t b = ours[w] | theirs[w]; b; b &= b - 1) {
+      const uint32_t bit = w * 64 + static_cast<uint32_t>(__builtin_ctzll(b));
+      bool news = false;
+      // A bit stands for every slot with its number modulo kReadyBits.
+      for (size_t slot = bit; slot < ch->by_slot.size(); slot += wire::kReadyBits)
+        if (Cq* c = ch->by_slot[slot]) news |= look_at(ch, c);
+      if (news && (theirs[w] & (b & -b))) ++found;
+    }
+  }
+  ch->ready_credit = std::min(ch->ready_credit + found, kMaxCredit);
+  if (wakeups <= ch->ready_credit) {
+    ch->ready_credit -= wakeups;
+    return;
+  }
+  ch->ready_credit = 0;
+  for (Cq* c : ch->cqs) look_at(ch, c);
+}
+
+}  // namespace
 
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   engine::roce_flush_held();  // may sleep: no ACK waits for this thread
@@ -272,23 +380,12 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   // wakes this channel directly: the messages become completions (and events) here.
   // a CQ of the channel is fed by QPs on the wire
   const bool wire = ch->wire_cqs.load(std::memory_order_relaxed) > 0;
-  auto refill = [ch, wire] {
+  auto refill = [ch, wire](uint64_t wakeups) {
     {
-      // Each CQ's own check first, as ibv_poll_cq makes it (its window's next slot, or its
-      // doorbell): one load for a CQ nothing came for, instead of a drain that looks at
-      // every window feeding it (issue 14: with 1,000 CQs on a channel that was most of
-      // the CPU of an event).
       std::lock_guard<std::mutex> lock(ch->cqs_mu);
-      for (Cq* c : ch->cqs) {
-        // send-small: requesters that found a wake-up pending left their messages to this
-        // look: clear it first (seq_cst, before the loads of take_inbound), then look.
-        if (c->shared && c->shared->wake_pending.load(std::memory_order_acquire))
-          c->shared->wake_pending.store(0, std::memory_order_seq_cst);
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        take_inbound(c, 0, nullptr);
-      }
+      look_at_ready(ch, wakeups);
       // Events that moderation held and whose period is over (their timerfd woke us).
-      cq_moderation_expire_all(ch->cqs);
+      cq_moderation_expire_due(ch);
     }
     // Packets from the wire become completions (and the armed CQs' events) here.
     if (wire) engine::roce_poll(false);  // ACKs at once: this thread may sleep next

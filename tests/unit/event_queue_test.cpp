@@ -185,6 +185,26 @@ TEST_F(EventQueueTest, DeliverRunsOnceForEachPoppedItem) {
   EXPECT_EQ(delivered, (std::vector<int>{10, 20, 30}));
 }
 
+// A completion channel's waiter compares the peers' wake-ups with the hints they left
+// (verbs/cq.cpp): refill gets how many came since the last look, each counted once.
+TEST_F(EventQueueTest, RefillGetsThePeersWakeupsOnce) {
+  const int wake = q.write_fd();
+  uint64_t three = 3;
+  ASSERT_EQ(write(wake, &three, sizeof(three)), static_cast<ssize_t>(sizeof(three)));
+  std::vector<uint64_t> seen;
+  int v = 0;
+  auto refill = [&](uint64_t wakeups) {
+    seen.push_back(wakeups);
+    if (seen.size() == 1) q.push(7);
+  };
+  ASSERT_EQ(q.wait_pop(&v, [](int) {}, refill), 0);
+  EXPECT_EQ(v, 7);
+  q.push(8);
+  ASSERT_EQ(q.wait_pop(&v, [](int) {}, refill), 0);
+  EXPECT_EQ(seen, (std::vector<uint64_t>{3, 0}));
+  EXPECT_FALSE(readable(q.fd()));
+}
+
 TEST(EventQueueFds, CloseFdsIsIdempotentAndFdsAreCloexec) {
   EventQueue<int> q;
   EXPECT_EQ(q.fd(), -1);

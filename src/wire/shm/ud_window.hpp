@@ -98,6 +98,7 @@ struct UdPeerWindow {
   UdSlot* slots = nullptr;  // checked once, when opened
   pid_t pid = 0;            // the target process, as the kernel named its agent
   int wake_fd = -1;         // wakes the target's completion channel, or -1 (ask its agent)
+  ReadyHint ready;          // the target CQ's bit in its channel's ReadyBits
   uint64_t tail = 0;        // messages written
   uint64_t head = 0;        // messages the target had consumed when last read
   uint64_t opened = 0;      // when (a count of opens), to pick the one to close for room

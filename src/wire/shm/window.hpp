@@ -179,15 +179,51 @@ inline bool read_mr_entry(const MrShared* table, uint32_t key, MrShared* out) {
   return e.key.load(std::memory_order_acquire) == key;
 }
 
+// Which CQs of a completion channel a peer's wake-up is for, so that the waiter looks at
+// those and not at every CQ of the channel. A CQ has bit (its slot in the channel) %
+// kReadyBits; a requester that wakes the channel for an armed CQ sets the CQ's bit first,
+// and writes the channel's wake-up fd only if the bit was clear (a bit already set has a
+// wake-up coming, or the waiter's look at that CQ comes after our message: it takes the
+// bit, then looks). Peers can write any bit, so the waiter treats them as hints
+// (verbs/cq.cpp, get_cq_event): a bit without a CQ, or a CQ with nothing, costs one look;
+// a wake-up beyond the bits taken (a peer cleared some) makes it look at every CQ.
+inline constexpr uint32_t kReadyBits = 1024;
+struct ReadyBits {
+  std::atomic<uint64_t> words[kReadyBits / 64];
+};
+static_assert(sizeof(ReadyBits) == 128, "one small arena block (arena.cpp: kSmallBlock)");
+
+// Sets `bit`; returns whether it was set already.
+inline bool ready_set(ReadyBits& r, uint32_t bit) {
+  const uint64_t mask = uint64_t{1} << (bit % 64);
+  return r.words[bit / 64 % (kReadyBits / 64)].fetch_or(mask, std::memory_order_seq_cst) & mask;
+}
+inline void ready_clear(ReadyBits& r, uint32_t bit) {
+  r.words[bit / 64 % (kReadyBits / 64)].fetch_and(~(uint64_t{1} << (bit % 64)),
+                                                 std::memory_order_seq_cst);
+}
+
 // What a CQ shares with requesters in other processes, in its owner's arena.
 struct CqShared {
   std::atomic<int> arm;            // ArmWord; changed only by CAS
-  // 1 from a requester's wake-up write to the channel until the target's next look at
-  // this CQ before it sleeps (get_cq_event's refill clears it, then drains): requesters
-  // that find it set leave their message to that look instead of writing again.
-  std::atomic<uint32_t> wake_pending;
+  uint32_t ready_bit;              // this CQ's bit in its channel's ReadyBits
+  uint64_t ready_offset;           // the channel's ReadyBits, same arena; 0: none
   alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
 };
+static_assert(sizeof(CqShared) <= 128, "one small arena block (arena.cpp: kSmallBlock)");
+
+// Requester side: the target CQ's bit in its channel's ReadyBits, as the CQ named it when
+// the window was opened (bounded here: the target's word for it is untrusted).
+struct ReadyHint {
+  ReadyBits* bits = nullptr;  // nullptr: none (every wake-up writes the wake-up fd)
+  uint32_t bit = 0;
+};
+inline ReadyHint ready_hint(const PeerArena& arena, const CqShared* cq) {
+  const uint64_t offset = cq->ready_offset;
+  const uint32_t bit = cq->ready_bit;
+  ReadyBits* bits = offset && bit < kReadyBits ? arena.at<ReadyBits>(offset) : nullptr;
+  return bits ? ReadyHint{bits, bit} : ReadyHint{};
+}
 
 // What a QP keeps of its receive window, target side (under the QP's rq_mu). The peer can
 // write anywhere in the window, so what we index with is kept here, not read back.
@@ -225,6 +261,7 @@ struct PeerWindow {
   uint32_t backoff = 0;  // operations to skip before asking for a window again
   bool cross_memory = true;  // false once the kernel refused cross-memory attach
   int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
+  ReadyHint ready;   // the target CQ's bit in its channel's ReadyBits
   // Our own counts. The target's are read only when ours say the ring or its receive
   // queue is full, and rq_taken again after a message went through its agent.
   uint64_t tail = 0;    // messages written
