@@ -93,6 +93,27 @@ void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, 
            "handling incoming RDMA reads & atomic operations\"");
     return;
   }
+  // A NIC's responder holds max_dest_rd_atomic READs/atomics at once; a requester allowed
+  // more outstanding than that (max_rd_atomic) overruns it once the pipe fills, which
+  // softverbs' same-host path never shows.
+  uint8_t max_rd_atomic;
+  {
+    std::lock_guard<std::mutex> lock(qp->attr_mu);
+    max_rd_atomic = qp->attr.max_rd_atomic;
+  }
+  if (read_atomic && max_rd_atomic > k.max_dest_rd_atomic) {
+    snprintf(what, sizeof(what),
+             "  this QP's max_rd_atomic %u is above the max_dest_rd_atomic %u of %s: with more "
+             "than %u READs/atomics outstanding its responder has no resources for the rest: a NIC "
+             "may answer them as invalid requests (IBV_WC_REM_INV_REQ_ERR) or lose the replay "
+             "state of the oldest (rxe); softverbs' same-host path does neither",
+             max_rd_atomic, k.max_dest_rd_atomic, peer, k.max_dest_rd_atomic);
+    report("rd-atomic-over-peer", h, call, site, what,
+           "ibv_modify_qp(3): max_rd_atomic is the \"Number of outstanding RDMA reads & atomic "
+           "operations on the destination QP\", max_dest_rd_atomic the destination's \"Number "
+           "of responder resources\": the first must not exceed the second (rdma_cm negotiates "
+           "initiator_depth against the peer's responder_resources for it)");
+  }
   if (k.slot == PeerKey::kNever) return;  // a key we cannot name: the completion says more
   if (k.slot == PeerKey::kDead) {
     snprintf(what, sizeof(what),

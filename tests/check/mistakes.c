@@ -770,6 +770,38 @@ __attribute__((noinline)) void mistake_peer_rnr(void)
 	close(sock);
 }
 
+/* A READ to a peer in another process whose QP has fewer responder resources
+ * (max_dest_rd_atomic 1) than this QP may have READs/atomics outstanding (max_rd_atomic 4):
+ * it works here, and overruns a NIC's responder once four are in flight. The peer is
+ * peer_rnr_main's QP (it needs no receive). */
+__attribute__((noinline)) void mistake_peer_rd_atomic(void)
+{
+	pid_t pid;
+	int sock = sv_fork_peer(peer_rnr_main, &pid);
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	cfg.max_rd_atomic = 4;
+	struct sv_one_qp r;
+	sv_one_qp_open(&r, &cfg, 64, 4096);
+	struct sv_remote peer;
+	sv_trade_remote(sock, r.qp, r.mr, &peer);
+	sv_one_qp_connect(&r, peer.qpn, 0, 0, 0);
+	sv_say(sock, 1);
+	CHECK_EQ(sv_hear(sock), 1);
+	struct ibv_wc wc;
+	int rc;
+	for (uint64_t id = 1; id <= 2; id++) { /* reported once per QP */
+		POST(r.qp, id, IBV_WR_RDMA_READ, r.mr, 0, 64, IBV_SEND_SIGNALED, peer.addr, peer.rkey, rc);
+		CHECK_OK(rc);
+		sv_poll_one(r.cq, &wc);
+		CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	}
+	sv_say(sock, 2);
+	sv_one_qp_close(&r);
+	sv_wait_peer(pid, "peer");
+	close(sock);
+}
+
 /* ---- exit ---------------------------------------------------------------------------- */
 
 __attribute__((noinline)) void mistake_leak(void)
@@ -829,6 +861,7 @@ int main(int argc, char **argv)
 		/* A peer process (no fixture: the device is opened after the fork). */
 		{"peer_rkey", mistake_peer_rkey},
 		{"peer_rnr", mistake_peer_rnr},
+		{"peer_rd_atomic", mistake_peer_rd_atomic},
 	};
 	if (argc != 2) {
 		fprintf(stderr, "usage: mistakes CASE\n");
