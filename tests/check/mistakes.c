@@ -742,32 +742,46 @@ static void peer_rnr_main(int sock)
 	sv_one_qp_close(&p);
 }
 
+/* Forks peer_rnr_main's peer and connects a QP opened with `cfg` to it: what the peer
+ * cases after it share. Ends with peer_done. */
+static int peer_connect(const struct sv_pair_cfg *cfg, struct sv_one_qp *r,
+			   struct sv_remote *peer, pid_t *pid)
+{
+	int sock = sv_fork_peer(peer_rnr_main, pid);
+	sv_one_qp_open(r, cfg, 64, 4096);
+	sv_trade_remote(sock, r->qp, r->mr, peer);
+	sv_one_qp_connect(r, peer->qpn, 0, 0, 0);
+	sv_say(sock, 1);
+	CHECK_EQ(sv_hear(sock), 1);
+	return sock;
+}
+
+static void peer_done(int sock, struct sv_one_qp *r, pid_t pid)
+{
+	sv_say(sock, 2);
+	sv_one_qp_close(r);
+	sv_wait_peer(pid, "peer");
+	close(sock);
+}
+
 /* A SEND to a peer in another process (same host: shared memory; another host: RoCE v2)
  * that has no receive: the RNR waits are counted on the QP and the error explained. */
 __attribute__((noinline)) void mistake_peer_rnr(void)
 {
-	pid_t pid;
-	int sock = sv_fork_peer(peer_rnr_main, &pid);
 	struct sv_pair_cfg cfg;
 	sv_pair_cfg_init(&cfg);
 	rnr_once(&cfg);
 	struct sv_one_qp r;
-	sv_one_qp_open(&r, &cfg, 64, 4096);
 	struct sv_remote peer;
-	sv_trade_remote(sock, r.qp, r.mr, &peer);
-	sv_one_qp_connect(&r, peer.qpn, 0, 0, 0);
-	sv_say(sock, 1);
-	CHECK_EQ(sv_hear(sock), 1);
+	pid_t pid;
+	int sock = peer_connect(&cfg, &r, &peer, &pid);
 	int rc;
 	POST(r.qp, 1, IBV_WR_SEND, r.mr, 0, 64, IBV_SEND_SIGNALED, 0, 0, rc);
 	CHECK_OK(rc);
 	struct ibv_wc wc;
 	sv_poll_one(r.cq, &wc);
 	CHECK_STATUS(wc, IBV_WC_RNR_RETRY_EXC_ERR);
-	sv_say(sock, 2);
-	sv_one_qp_close(&r);
-	sv_wait_peer(pid, "peer");
-	close(sock);
+	peer_done(sock, &r, pid);
 }
 
 /* A READ to a peer in another process whose QP has fewer responder resources
@@ -776,18 +790,13 @@ __attribute__((noinline)) void mistake_peer_rnr(void)
  * peer_rnr_main's QP (it needs no receive). */
 __attribute__((noinline)) void mistake_peer_rd_atomic(void)
 {
-	pid_t pid;
-	int sock = sv_fork_peer(peer_rnr_main, &pid);
 	struct sv_pair_cfg cfg;
 	sv_pair_cfg_init(&cfg);
 	cfg.max_rd_atomic = 4;
 	struct sv_one_qp r;
-	sv_one_qp_open(&r, &cfg, 64, 4096);
 	struct sv_remote peer;
-	sv_trade_remote(sock, r.qp, r.mr, &peer);
-	sv_one_qp_connect(&r, peer.qpn, 0, 0, 0);
-	sv_say(sock, 1);
-	CHECK_EQ(sv_hear(sock), 1);
+	pid_t pid;
+	int sock = peer_connect(&cfg, &r, &peer, &pid);
 	struct ibv_wc wc;
 	int rc;
 	for (uint64_t id = 1; id <= 2; id++) { /* reported once per QP */
@@ -796,10 +805,7 @@ __attribute__((noinline)) void mistake_peer_rd_atomic(void)
 		sv_poll_one(r.cq, &wc);
 		CHECK_STATUS(wc, IBV_WC_SUCCESS);
 	}
-	sv_say(sock, 2);
-	sv_one_qp_close(&r);
-	sv_wait_peer(pid, "peer");
-	close(sock);
+	peer_done(sock, &r, pid);
 }
 
 /* ---- exit ---------------------------------------------------------------------------- */
