@@ -68,7 +68,8 @@ const char* kRemoteAccessRule =
 }  // namespace
 
 void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, uint32_t rkey,
-                     uint64_t addr, uint64_t length, unsigned need, bool read_atomic) {
+                     uint64_t addr, uint64_t length, unsigned need, bool read_atomic,
+                     uint8_t max_rd_atomic) {
   PeerKey k;
   look_at_peer(qp, rkey, &k);
   if (!k.window) return;
@@ -96,11 +97,6 @@ void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, 
   // A NIC's responder holds max_dest_rd_atomic READs/atomics at once; a requester allowed
   // more outstanding than that (max_rd_atomic) overruns it once the pipe fills, which
   // softverbs' same-host path never shows.
-  uint8_t max_rd_atomic;
-  {
-    std::lock_guard<std::mutex> lock(qp->attr_mu);
-    max_rd_atomic = qp->attr.max_rd_atomic;
-  }
   if (read_atomic && max_rd_atomic > k.max_dest_rd_atomic) {
     snprintf(what, sizeof(what),
              "  this QP's max_rd_atomic %u is above the max_dest_rd_atomic %u of %s: with more "

@@ -245,7 +245,7 @@ void check_send_wr(Qp* qp, const ibv_send_wr* wr, Site site, const char* verb) {
   if (route == wire::Route::Loop)
     check_key(call, h, site, false, 0, nullptr, rkey, raddr, rlen, need);
   else
-    check_peer_rkey(qp, call, h, site, rkey, raddr, rlen, need, read_atomic);
+    check_peer_rkey(qp, call, h, site, rkey, raddr, rlen, need, read_atomic, max_rd_atomic);
 }
 
 void check_recv_wr(const char* verb, const void* h, uint32_t max_sge, Pd* pd,

@@ -100,7 +100,8 @@ void before_req_notify(Cq* cq, Site site);
 // check/peer_checks.cpp: the rkey of a WR to a connected QP of another process on this host
 // (route Shm), against the MR table it publishes; `need`: the remote access the op needs.
 void check_peer_rkey(Qp* qp, const std::string& call, const void* h, Site site, uint32_t rkey,
-                     uint64_t addr, uint64_t length, unsigned need, bool read_atomic);
+                     uint64_t addr, uint64_t length, unsigned need, bool read_atomic,
+                     uint8_t max_rd_atomic);
 // An ibv_wr_<op> (`builder`) or ibv_wr_set_* outside ibv_wr_start .. ibv_wr_complete.
 void check_wr_in_batch(ibv_qp_ex* q, const char* verb, bool builder, Site site);
 // A UD WR's address handle: null, or one destroyed before.

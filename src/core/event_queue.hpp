@@ -105,10 +105,10 @@ class EventQueue {
 
   // The same, for a queue that peers may also wake (by writing to write_fd()) after they
   // left work that `refill(wakeups)` turns into events. A waiter consumes the wake-ups so
-  // far (their count goes to refill), then refills, then sleeps in epoll_wait on the fd (or says EAGAIN if the application set
-  // O_NONBLOCK on it). Consumed before the refill, a wake-up for work the refill takes does
-  // not leave the fd readable with nothing pending; one that arrives after it stays counted,
-  // so none is lost.
+  // far (their count goes to refill), then refills, then sleeps in epoll_wait on the fd
+  // (or says EAGAIN if the application set O_NONBLOCK on it). Consumed before the refill,
+  // a wake-up for work the refill takes does not leave the fd readable with nothing
+  // pending; one that arrives after it stays counted, so none is lost.
   template <typename F, typename R>
   int wait_pop(T* out, F&& deliver, R&& refill, const SleepAlso& also = {}) {
     bool began = false;

@@ -65,7 +65,8 @@ int destroy_comp_channel(CompChannel* ch) {
   // As a CQ's shared block (destroy_cq): a requester that still wrote here only costs the
   // next owner a look.
   if (ch->peer_ready_offset)
-    if (wire::Arena* arena = wire::Arena::self()) arena->release(ch->peer_ready_offset, sizeof(wire::ReadyBits));
+    if (wire::Arena* arena = wire::Arena::self())
+      arena->release(ch->peer_ready_offset, sizeof(wire::ReadyBits));
   stat::withdraw(ch);
   ch->magic = kDead;
   delete ch;
