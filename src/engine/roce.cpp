@@ -202,8 +202,9 @@ rw::Port& port() {
 // in the same UDP GSO send: one datagram's way through the kernel for both. IBA lets a
 // responder coalesce ACKs; a NIC does so for microseconds. What bounds the wait here: the
 // application's next call that is not a poll of the QP's CQs or a post to it
-// (roce_flush_held), and the hold timer (kHoldTimerId), at most hold_bound_ns after the
-// first ACK held.
+// (roce_flush_held), a poll that finds completions after hold_bound_ns, and, when the
+// application stops calling, the parked socket's recheck (every park grace, 1 ms) or, for a
+// QP whose peer would resend sooner, the hold timer (kHoldTimerId).
 thread_local bool t_app_receive = false;  // this thread is in roce_poll
 // A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
 constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
@@ -237,6 +238,7 @@ struct HeldEntry {
   uint32_t qpn;
   const void* send_cq;
   const void* recv_cq;
+  bool timed;  // its peer resends before the park recheck comes: the hold timer covers it
 };
 std::mutex g_held_mu;
 std::vector<HeldEntry>* g_held = new std::vector<HeldEntry>;  // immortal (port thread)
@@ -244,6 +246,15 @@ std::vector<HeldEntry>* g_held = new std::vector<HeldEntry>;  // immortal (port 
 // polling thread too, which sends what is held once it passed (a loaded CPU may run the
 // port's thread late).
 std::atomic<int64_t> g_hold_due{0};
+// The earliest held_due of an ACK held now (steady ns; may be earlier than that, never
+// later): a poll that finds completions past it sends the ACKs whose bound passed, so an
+// application that keeps polling needs no timer for them.
+std::atomic<int64_t> g_hold_earliest{INT64_MAX};
+void lower_hold_earliest(int64_t due) {
+  int64_t seen = g_hold_earliest.load(std::memory_order_relaxed);
+  while (due < seen && !g_hold_earliest.compare_exchange_weak(seen, due, std::memory_order_relaxed)) {
+  }
+}
 
 }  // namespace
 
@@ -339,9 +350,12 @@ struct RoceLink final : packet::Env {
   std::optional<rw::Packet> held_ack;
   bool held_since_timer = false;  // an ACK was held since the hold timer last ran
   int64_t held_due = 0;           // when the ACK held now must have left (steady ns)
-  // The longest an ACK of this QP is held: hold_max_ns, or an eighth of the QP's local ACK
-  // timeout when that is shorter (0: never held).
+  // The longest an ACK of this QP is held while the application keeps polling: hold_max_ns,
+  // or an eighth of the QP's local ACK timeout when that is shorter (0: never held). And an
+  // eighth of that timeout alone (none: no timeout set): the most its peer can wait before
+  // it resends, however long the application is away.
   int64_t hold_bound_ns = hold_enabled() ? hold_max_ns() : 0;
+  int64_t hold_hard_ns = INT64_MAX;
   bool acked_any = false;
   uint32_t acked_psn = 0;
   // Tag matching (engine/tm_responder.cpp): the receive being filled, as matched
@@ -441,13 +455,20 @@ struct RoceLink final : packet::Env {
       const int64_t due = int64_t(now_ns_steady()) + hold_bound_ns;
       held_due = due;
       held_since_timer = true;
+      // While parked the port's thread rechecks every park grace and sends what is held
+      // then: enough unless the peer would resend sooner. A timer for every hold would wake
+      // that thread on the pinned poller's CPU every 100 µs of a ping-pong (each run
+      // preempting the poller), for ACKs that rode with the next SEND long before.
+      const bool timed = hold_hard_ns < port().park_grace_ns();
       std::lock_guard<std::mutex> lock(g_held_mu);
+      lower_hold_earliest(due);
       const uint32_t qpn = qp->qpn();
-      if (std::none_of(g_held->begin(), g_held->end(), [qpn](const HeldEntry& e) { return e.qpn == qpn; }))
-        g_held->push_back({qpn, qp->send_cq, qp->recv_cq});
-      // One timer for all: moved earlier when this ACK is due first.
+      auto it = std::find_if(g_held->begin(), g_held->end(), [qpn](const HeldEntry& e) { return e.qpn == qpn; });
+      if (it == g_held->end()) g_held->push_back({qpn, qp->send_cq, qp->recv_cq, timed});
+      else it->timed = timed;
+      // One timer for all timed holds: moved earlier when this ACK is due first.
       const int64_t pending = g_hold_due.load(std::memory_order_relaxed);
-      if (pending == 0 || due < pending) {
+      if (timed && (pending == 0 || due < pending)) {
         g_hold_due.store(due, std::memory_order_relaxed);
         port().schedule(kHoldTimerId, rw::Port::Clock::time_point(std::chrono::nanoseconds(due)));
       }
@@ -843,12 +864,13 @@ void flush_held_acks() {
   flush_held_acks_but([](const HeldEntry&) { return false; });
 }
 
-// The hold timer (port's thread): every held ACK leaves. While QPs keep holding it runs
-// every hold_max_ns (a ping-pong's ACKs ride with its SENDs, and then it finds nothing),
-// so that their holds need no timer call of their own; a QP that held nothing since the
-// last run is taken off the list, and the timer stops with the list empty.
-void on_hold_timer() {
-  {
+// The hold timer and the parked socket's recheck (port's thread): every held ACK leaves.
+// While timed QPs keep holding the timer runs every hold_max_ns (a ping-pong's ACKs ride
+// with its SENDs, and then it finds nothing), so that their holds need no timer call of
+// their own; a QP that held nothing since the last run is taken off the list, and the
+// timer stops once no timed QP is left on it.
+void on_hold_timer(bool recheck) {
+  if (!recheck) {
     std::lock_guard<std::mutex> lock(g_held_mu);
     g_hold_due.store(0, std::memory_order_relaxed);
   }
@@ -863,7 +885,9 @@ void on_hold_timer() {
     std::erase_if(*g_held, [qpn](const HeldEntry& e) { return e.qpn == qpn; });
   });
   std::lock_guard<std::mutex> lock(g_held_mu);
-  if (g_held->empty() || g_hold_due.load(std::memory_order_relaxed) != 0) return;
+  if (std::none_of(g_held->begin(), g_held->end(), [](const HeldEntry& e) { return e.timed; }) ||
+      g_hold_due.load(std::memory_order_relaxed) != 0)
+    return;
   const int64_t due = int64_t(now_ns_steady()) + hold_max_ns();
   g_hold_due.store(due, std::memory_order_relaxed);
   port().schedule(kHoldTimerId, rw::Port::Clock::time_point(std::chrono::nanoseconds(due)));
@@ -1048,8 +1072,8 @@ void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
 }
 
 void on_timer(uint64_t qpn) {
-  if (qpn == rw::Port::kRecheckTimerId) return flush_held_acks();
-  if (qpn == kHoldTimerId) return on_hold_timer();
+  if (qpn == rw::Port::kRecheckTimerId) return on_hold_timer(true);
+  if (qpn == kHoldTimerId) return on_hold_timer(false);
   wire::QpRef qp = wire::find_local(static_cast<uint32_t>(qpn));
   if (!qp) return;
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
@@ -1125,6 +1149,7 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
     // alike, and a held ACK must not make that peer resend.
     const int64_t rto_ns = int64_t(4096) << std::min<int>(a.timeout, 31);
     link->hold_bound_ns = std::min(hold_max_ns(), rto_ns / 8);
+    link->hold_hard_ns = rto_ns / 8;
   }
   if ((mask & IBV_QP_STATE) && a.qp_state == IBV_QPS_SQD)
     link->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && a.en_sqd_async_notify;
@@ -1240,15 +1265,17 @@ void roce_poll_result(const Cq* cq, bool found) {
   if (!found || !port().parked()) return flush_held_acks();
   // Found: the QPs of this CQ hold on; a poll of another CQ is the application moving on.
   const auto on_cq = [cq](const HeldEntry& e) { return e.send_cq == cq || e.recv_cq == cq; };
-  const int64_t timer_due = g_hold_due.load(std::memory_order_relaxed);
-  const int64_t now = timer_due != 0 ? int64_t(now_ns_steady()) : 0;
-  if (timer_due == 0 || now < timer_due) return flush_held_acks_but(on_cq);
-  // The hold timer is late (its thread may not have run yet on a busy CPU): what is due
-  // leaves here. Only that: the timer's deadline is often an older hold's.
+  const int64_t now = int64_t(now_ns_steady());
+  if (now < g_hold_earliest.load(std::memory_order_relaxed)) return flush_held_acks_but(on_cq);
+  // An ACK's bound passed (the application kept finding completions; no timer runs for
+  // it): what is due leaves here. Only that: the others keep their ride. The earliest due
+  // is found again on the way (a hold meanwhile lowers it itself).
+  g_hold_earliest.store(INT64_MAX, std::memory_order_relaxed);
   for_held_links([](const HeldEntry&) { return true; }, [&](RoceLink& link) {
     if (!link.held_ack) return;
-    const HeldEntry e{0, link.qp->send_cq, link.qp->recv_cq};
+    const HeldEntry e{0, link.qp->send_cq, link.qp->recv_cq, false};
     if (!on_cq(e) || link.held_due <= now) link.emit_held_ack();
+    else lower_hold_earliest(link.held_due);
   });
 }
 

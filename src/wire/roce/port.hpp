@@ -162,6 +162,8 @@ class Port {
   static constexpr int kEagerVotes = 2;
   // Whether the socket is left to polling applications now.
   bool parked() const { return group_parked_.load(std::memory_order_seq_cst); }
+  // While parked, the port's thread rechecks at most this far apart (0: never parks).
+  int64_t park_grace_ns() const { return config_.park_grace_ns; }
   // A thread that sleeps in ibv_get_cq_event on the group socket too (group_fd), and
   // receives what wakes it with poll(): meanwhile the port's thread is not woken for packets.
   int group_fd() const { return fd_group_; }
