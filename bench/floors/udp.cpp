@@ -5,6 +5,12 @@
 // Modes:
 //   blocking:BYTES  ping-pong, recv() sleeps: the floor for event-mode (-e) latency
 //   busy:BYTES      ping-pong, recv(MSG_DONTWAIT) in a loop: the floor for polled latency
+//   busy-roce:BYTES the same under the rules every RoCE v2 port in user space has: one UDP
+//                   port receives from every peer (an unconnected socket, SO_REUSEPORT), and
+//                   sends leave from an unconnected socket with DF set, the only way the
+//                   kernel gives IPv4 packets ID 0, which the ICRC covers (decision 0006).
+//                   Unconnected, neither side has the route cached (the receive side's
+//                   early demux and the send side's dst) that connected sockets use
 //   stream          A sends datagrams of the path MTU, one send() each, to B
 //   stream-gso      the same datagrams, 64 per send() with UDP_SEGMENT (GSO); B receives
 //                   with UDP_GRO, so whole batches cross the veth as one packet
@@ -72,9 +78,12 @@ void enter_netns(const std::string& name) {
 }
 
 // A UDP socket bound to the side's address (its port, 0 = any); returns the fd.
-int bound_socket(Side* side) {
+// SO_REUSEPORT with `shared`: a port every process of a host receives on (busy-roce).
+int bound_socket(Side* side, bool shared = false) {
   const int fd = socket(side->addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) floors::die("socket");
+  int on = 1;
+  if (shared && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) != 0) floors::die("SO_REUSEPORT");
   if (bind(fd, reinterpret_cast<sockaddr*>(&side->addr), side->len) != 0) floors::die("bind");
   socklen_t len = side->len;
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&side->addr), &len) != 0) floors::die("getsockname");
@@ -116,22 +125,37 @@ void take(int fd, char* buf, size_t bytes, bool busy, bool yield) {
   }
 }
 
-void give(int fd, const char* buf, size_t bytes) {
-  if (send(fd, buf, bytes, 0) != ssize_t(bytes)) floors::die("send");
+// Sends on a connected socket, or with `to` from an unconnected one.
+void give(int fd, const char* buf, size_t bytes, const Side* to = nullptr) {
+  const ssize_t n = to ? sendto(fd, buf, bytes, 0, reinterpret_cast<const sockaddr*>(&to->addr), to->len)
+                       : send(fd, buf, bytes, 0);
+  if (n != ssize_t(bytes)) floors::die("send");
+}
+
+// busy-roce's sender: unconnected, DF (IPv4 ID 0), on a port of its own.
+int roce_sender(int family) {
+  const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) floors::die("socket");
+  int df = IP_PMTUDISC_DO;
+  if (family == AF_INET ? setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df)
+                        : setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &df, sizeof df))
+    floors::die("MTU_DISCOVER");
+  return fd;
 }
 
 // ---------------------------------------------------------------- ping-pong
 
-int echo_server(int fd, size_t bytes, bool busy, bool yield) {
+// `to`: busy-roce's client receive address (answers leave from `out`), else nullptr.
+int echo_server(int fd, size_t bytes, bool busy, bool yield, const Side* to, int out) {
   std::vector<char> buf(bytes + 1);
   sockaddr_storage peer{};
   socklen_t len = sizeof peer;
   // The first datagram says who the client is; a zero-length one ends the run.
   ssize_t n = recvfrom(fd, buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&peer), &len);
   if (n < 0) floors::die("recvfrom");
-  if (connect(fd, reinterpret_cast<sockaddr*>(&peer), len) != 0) floors::die("connect");
+  if (!to && connect(fd, reinterpret_cast<sockaddr*>(&peer), len) != 0) floors::die("connect");
   while (n > 0) {
-    give(fd, buf.data(), bytes);
+    give(to ? out : fd, buf.data(), bytes, to);
     if (!busy) {
       n = recv(fd, buf.data(), buf.size(), 0);
     } else {
@@ -143,10 +167,11 @@ int echo_server(int fd, size_t bytes, bool busy, bool yield) {
   return 0;
 }
 
-double round_trips(int fd, char* buf, size_t bytes, long iters, bool busy, bool yield) {
+double round_trips(int fd, char* buf, size_t bytes, long iters, bool busy, bool yield,
+                   const Side* to, int out) {
   const double t0 = floors::now_ns();
   for (long i = 0; i < iters; ++i) {
-    give(fd, buf, bytes);
+    give(to ? out : fd, buf, bytes, to);
     take(fd, buf, bytes, busy, yield);
   }
   return floors::now_ns() - t0;
@@ -221,11 +246,12 @@ void stream_send(int fd, const std::vector<char>& data, size_t payload, long dat
 
 int main(int argc, char** argv) {
   const floors::Options o = floors::parse(
-      argc, argv, 5, 10000, " blocking:BYTES|busy:BYTES|stream|stream-gso [NETNS_A ADDR_A NETNS_B ADDR_B]");
+      argc, argv, 5, 10000, " blocking:BYTES|busy:BYTES|busy-roce:BYTES|stream|stream-gso [NETNS_A ADDR_A NETNS_B ADDR_B]");
   const std::string mode = o.mode.substr(0, o.mode.find(':'));
-  const bool pingpong = mode == "blocking" || mode == "busy";
+  const bool roce = mode == "busy-roce";
+  const bool pingpong = mode == "blocking" || mode == "busy" || roce;
   if (!pingpong && mode != "stream" && mode != "stream-gso") {
-    std::fprintf(stderr, "%s: MODE is blocking:BYTES, busy:BYTES, stream or stream-gso\n", argv[0]);
+    std::fprintf(stderr, "%s: MODE is blocking:BYTES, busy:BYTES, busy-roce:BYTES, stream or stream-gso\n", argv[0]);
     return 2;
   }
   size_t bytes = 0;
@@ -257,7 +283,7 @@ int main(int argc, char** argv) {
 
   const std::vector<int> cpus = floors::allowed_cpus();
   const bool two_cpus = cpus.size() >= 2;
-  const bool busy = mode == "busy";
+  const bool busy = mode == "busy" || roce;
   int go[2], done[2];
   if (pipe2(go, O_CLOEXEC) != 0 || pipe2(done, O_CLOEXEC) != 0) floors::die("pipe");
 
@@ -268,9 +294,14 @@ int main(int argc, char** argv) {
     close(done[0]);
     enter_netns(b.netns);
     floors::pin_to(cpus[two_cpus ? 1 : 0]);
-    const int fd = bound_socket(&b);
+    const int fd = bound_socket(&b, roce);
     pipe_write(done[1], &b.addr, sizeof b.addr);
-    if (pingpong) return echo_server(fd, bytes, busy, !two_cpus);
+    if (roce) {  // A's receive address comes on `go`
+      Side client = a;
+      pipe_read(go[0], &client.addr, sizeof client.addr);
+      return echo_server(fd, bytes, busy, !two_cpus, &client, roce_sender(client.addr.ss_family));
+    }
+    if (pingpong) return echo_server(fd, bytes, busy, !two_cpus, nullptr, -1);
     return stream_receiver(fd, go[0], done[1], mode == "stream-gso");
   });
   close(go[0]);
@@ -278,8 +309,11 @@ int main(int argc, char** argv) {
   pipe_read(done[0], &b.addr, sizeof b.addr);
   enter_netns(a.netns);
   floors::pin_to(cpus[0]);
-  const int fd = bound_socket(&a);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&b.addr), b.len) != 0) floors::die("connect");
+  const int fd = bound_socket(&a, roce);
+  const int out = roce ? roce_sender(a.addr.ss_family) : -1;
+  if (roce) pipe_write(go[1], &a.addr, sizeof a.addr);
+  else if (connect(fd, reinterpret_cast<sockaddr*>(&b.addr), b.len) != 0) floors::die("connect");
+  const Side* to = roce ? &b : nullptr;
 
   char where[160];
   std::snprintf(where, sizeof where, "%s to %s, %s", a.netns == "-" ? "here" : a.netns.c_str(),
@@ -290,13 +324,13 @@ int main(int argc, char** argv) {
   if (pingpong) {
     set_timeout(fd, kGiveUpMs);
     std::vector<char> buf(bytes + 1, 'x');
-    round_trips(fd, buf.data(), bytes, std::max(1L, o.iters / 10), busy, !two_cpus);  // warm-up
+    round_trips(fd, buf.data(), bytes, std::max(1L, o.iters / 10), busy, !two_cpus, to, out);  // warm-up
     for (int r = 0; r < o.runs; ++r)
-      samples.push_back(round_trips(fd, buf.data(), bytes, o.iters, busy, !two_cpus) /
+      samples.push_back(round_trips(fd, buf.data(), bytes, o.iters, busy, !two_cpus, to, out) /
                         (2.0 * double(o.iters)) / 1000.0);
-    give(fd, buf.data(), 0);  // ends the echo server
+    give(to ? out : fd, buf.data(), 0, to);  // ends the echo server
     floors::reap(child);
-    const std::string name = "udp_oneway_" + mode + "_" + std::to_string(bytes) + "B";
+    const std::string name = "udp_oneway_" + (roce ? std::string("busy_roce") : mode) + "_" + std::to_string(bytes) + "B";
     floors::report(name.c_str(), samples, "us",
                    std::to_string(o.iters) + " round trips each, " + where);
     return 0;
