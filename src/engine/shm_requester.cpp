@@ -95,23 +95,21 @@ void wake_target(const wire::ReadyHint& ready, int wake_fd, int slot, uint32_t d
   wire::agent_drain(slot, dst_qpn);
 }
 
-// The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
-// first time (and again after it closed); nullptr when there is none to use.
-wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+namespace {
+
+// How long ibv_modify_qp to RTS waits for each answer of the peer's agent (its probe, the
+// window): one that shares a pinned target's CPU with a spinning poller may run only at a
+// scheduler tick (4 ms at HZ=250). A peer slower than this leaves the window to the first post.
+constexpr int kOpenAtRtsWaitMs = 50;
+
+// Asks the agent of the peer QP `dst_qpn` for its receive window, each answer waited for
+// at most `wait_ms` (0: the agent's usual deadline); true: pw holds it, with fresh counts.
+bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   wire::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr) {  // the data path's case: one we opened, still open
-    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
-    drop_peer_window(qp);
-  }
   int slot = wire::slot_of_qpn(dst_qpn);
-  if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
-  if (pw.backoff) {
-    --pw.backoff;
-    return nullptr;
-  }
   wire::PeerArena arena;
   int wake_fd = -1;
-  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena, &wake_fd);
+  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena, &wake_fd, wait_ms);
   auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
   // Everything in the peer's arena is read once into locals, checked, and kept here: the
   // peer (or anyone scribbling on its memory) may change it at any time afterwards.
@@ -135,8 +133,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   if (!ok || !cq || pid <= 0) {
     if (wake_fd >= 0) close(wake_fd);
     wire::unmap_peer_arena(arena);
-    pw.backoff = 64;  // ask again later, not on every operation
-    return nullptr;
+    return false;
   }
   if (wake_fd >= 0 && !usable_wake_fd(wake_fd)) {
     close(wake_fd);
@@ -165,10 +162,77 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.wake_fd = wake_fd;
   pw.ready = wire::ready_hint(arena, cq);
   pw.arena = arena;
+  return true;
+}
+
+}  // namespace
+
+// The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
+// first time (and again after it closed); nullptr when there is none to use.
+wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+  wire::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr) {  // the data path's case: one we opened, still open
+    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
+    drop_peer_window(qp);
+  }
+  int slot = wire::slot_of_qpn(dst_qpn);
+  if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
+  if (pw.backoff) {
+    --pw.backoff;
+    return nullptr;
+  }
+  if (!open_peer_window(qp, dst_qpn, 0)) {
+    ++qp->window_counts.open_failed;
+    pw.backoff = 64;  // ask again later, not on every operation
+    return nullptr;
+  }
+  ++qp->window_counts.opened_at_post;
   return &pw;
 }
 
+void open_window_at_rts(Qp* qp) {
+  if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) return;
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
+  const Qp::SendPath& path = qp->send_path;
+  // RoCE v2 peers have no window; one in this process needs none.
+  if (path.route != wire::Route::Shm || !Device::instance().port_active() ||
+      wire::slot_of_qpn(path.dest_qpn) == wire::my_slot())
+    return;
+  wire::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr) {
+    if (pw.dst_qpn == path.dest_qpn && pw.hdr->live.load(std::memory_order_acquire)) return;
+    drop_peer_window(qp);
+  }
+  // A refusal here (the target not yet at RTR: both sides of a connection set up at once)
+  // leaves the ask to the first post, with no backoff: this is a new connection.
+  pw.backoff = 0;
+  if (open_peer_window(qp, path.dest_qpn, kOpenAtRtsWaitMs)) ++qp->window_counts.opened_at_rts;
+  else ++qp->window_counts.open_failed;
+}
+
+void count_agent_send(Qp* qp) {
+  wire::PeerWindow& pw = qp->peer_window;
+  stat::PeerWindowCounts& c = qp->window_counts;
+  if (!pw.hdr) ++c.agent_no_window;
+  else if (pw.refused == wire::WindowRefusal::RingFull) ++c.agent_ring_full;
+  else if (pw.refused == wire::WindowRefusal::NoReceive) ++c.agent_no_receive;
+  else if (pw.refused == wire::WindowRefusal::TooSmall) ++c.agent_too_small;
+  else if (pw.refused == wire::WindowRefusal::Srq) ++c.agent_srq;
+  else ++c.agent_other;
+  pw.refused = wire::WindowRefusal::None;
+}
+
 namespace {
+
+// Whether the ring has room for message tail + 1, reading the target's head when our copy
+// says it is full; a no says why in pw->refused.
+bool ring_room(wire::PeerWindow* pw, uint64_t tail) {
+  if (tail - pw->head < wire::kWindowSlots) return true;
+  pw->head = pw->hdr->head.load(std::memory_order_acquire);
+  if (tail - pw->head < wire::kWindowSlots) return true;
+  pw->refused = wire::WindowRefusal::RingFull;
+  return false;
+}
 
 // window_slot for a target QP with an SRQ: when the ring has room and the SRQ's lowest
 // unclaimed receive holds `len` (a small SEND, or a large one the caller places): claimed now (its owner word names our window,
@@ -184,14 +248,13 @@ bool die_after_srq_claim() {
 
 wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::SrqShared* srq = pw->srq;
+  pw->refused = wire::WindowRefusal::Srq;
   if (srq->given_back.load(std::memory_order_acquire)) return nullptr;
   uint64_t tail = pw->tail;
-  if (tail - pw->head >= wire::kWindowSlots) {
-    pw->head = pw->hdr->head.load(std::memory_order_acquire);
-    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
-  }
+  if (!ring_room(pw, tail)) return nullptr;
   uint64_t number = wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire), pw->srq_claimer, len);
   if (number == wire::kSrqNone) return nullptr;
+  pw->refused = wire::WindowRefusal::None;
   if (die_after_srq_claim()) _exit(0);
   pw->srq_number = number;
   wire::WindowSlot* s = &pw->slots[tail % wire::kWindowSlots];
@@ -216,14 +279,18 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   uint64_t taken = pw->taken;
   if (pw->posted == taken) {
     pw->posted = hdr->rq_posted.load(std::memory_order_acquire);
-    if (pw->posted == taken) return nullptr;  // no receive posted: RNR, via the agent
+    if (pw->posted == taken) {  // no receive posted: RNR, via the agent
+      pw->refused = wire::WindowRefusal::NoReceive;
+      return nullptr;
+    }
   }
-  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return nullptr;
+  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) {
+    pw->refused = wire::WindowRefusal::TooSmall;
+    return nullptr;
+  }
   uint64_t tail = pw->tail;
-  if (tail - pw->head >= wire::kWindowSlots) {
-    pw->head = hdr->head.load(std::memory_order_acquire);
-    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
-  }
+  if (!ring_room(pw, tail)) return nullptr;
+  pw->refused = wire::WindowRefusal::None;
   return &pw->slots[tail % wire::kWindowSlots];
 }
 
