@@ -162,6 +162,7 @@ bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   pw.wake_fd = wake_fd;
   pw.ready = wire::ready_hint(arena, cq);
   pw.arena = arena;
+  pw.ring_waited = &qp->window_counts.ring_waited;
   return true;
 }
 
@@ -220,16 +221,47 @@ void count_agent_send(Qp* qp) {
   else if (pw.refused == wire::WindowRefusal::Srq) ++c.agent_srq;
   else ++c.agent_other;
   pw.refused = wire::WindowRefusal::None;
+  pw.waited_at = 0;  // the next message may wait for room again
 }
 
 namespace {
 
+// How long a message waits for room in a full ring before taking the agent path.
+constexpr auto kRingWait = std::chrono::microseconds(30);
+
+// The ring is full (message tail + 1 waits). While the target polls, room comes with its
+// next poll, microseconds away, where the agent path waits for a thread that may share the
+// target's CPU with that poller and so run only at a scheduler tick. So, when the target's
+// CQ is not armed (no one sleeps on it), wait up to kRingWait re-reading its head, once
+// per message (the paths that try the window again after this one do not wait again).
+// Only this posting thread spins, and briefly.
+bool wait_for_room(wire::PeerWindow* pw, uint64_t tail) {
+  if (pw->waited_at == tail + 1 ||
+      pw->cq->arm.load(std::memory_order_relaxed) != wire::kArmNone)
+    return false;
+  pw->waited_at = tail + 1;
+  const Clock::time_point until = Clock::now() + kRingWait;
+  do {
+    for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    pw->head = pw->hdr->head.load(std::memory_order_acquire);
+    if (tail - pw->head < wire::kWindowSlots) {
+      if (pw->ring_waited) ++*pw->ring_waited;
+      return true;
+    }
+  } while (Clock::now() < until);
+  return false;
+}
+
 // Whether the ring has room for message tail + 1, reading the target's head when our copy
-// says it is full; a no says why in pw->refused.
+// says it is full (and waiting a little, above); a no says why in pw->refused.
 bool ring_room(wire::PeerWindow* pw, uint64_t tail) {
   if (tail - pw->head < wire::kWindowSlots) return true;
   pw->head = pw->hdr->head.load(std::memory_order_acquire);
-  if (tail - pw->head < wire::kWindowSlots) return true;
+  if (tail - pw->head < wire::kWindowSlots || wait_for_room(pw, tail)) return true;
   pw->refused = wire::WindowRefusal::RingFull;
   return false;
 }

@@ -272,8 +272,11 @@ struct PeerWindow {
   uint64_t posted = 0;  // receives the target had published when last read
   uint64_t head = 0;    // messages the target had consumed when last read
   bool resync = true;   // read rq_taken before the next message
-  // Why window_slot last said no (for the requester's counts of agent-path SENDs).
+  // Why window_slot last said no (for the requester's counts of agent-path SENDs), and the
+  // message (tail + 1) it last waited for room for: one wait per message, not one per try.
   WindowRefusal refused = WindowRefusal::None;
+  uint64_t waited_at = 0;
+  uint64_t* ring_waited = nullptr;  // the QP's count of waits that got room
   // The mapping all of the above points into (one reference), with the peer's MR memfd
   // (arena.mr, or nullptr) and its size when last looked at.
   PeerArena arena;
