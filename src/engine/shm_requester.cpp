@@ -5,9 +5,11 @@
 // they cannot do exactly (RNR, errors, a peer that went away) they leave to the shm
 // transport's agent path, which answers like the responder itself.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,9 +42,39 @@ bool usable_wake_fd(int fd) {
          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
 }
 
+namespace {
+
+// Windows open in this process whose ring pages open_window_at_rts faulted in. Each holds
+// 33 pages of its peer's memory whether SENDs come or not; past this many, the pages come
+// with the messages, as before (a process connected to many peers on this host).
+constexpr int kPopulateMax = 64;
+std::atomic<int> g_populated{0};
+
+// Faults in our mapping of the ring's pages (and so the peer's memory behind them) now, in
+// the application's setup: each first touch of a page costs a fault in the timed loop
+// otherwise (~0.25 ms over a new ring in a VM here: ib_send_bw -s 4096 at 1,000 messages
+// gave 7 GB/s without, 12-14 GB/s with). No contents change.
+void populate_ring(wire::PeerWindow& pw) {
+  if (g_populated.fetch_add(1, std::memory_order_relaxed) >= kPopulateMax) {
+    g_populated.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  auto from = reinterpret_cast<uintptr_t>(pw.slots) & ~uintptr_t{4095};
+  auto to = reinterpret_cast<uintptr_t>(pw.slots + wire::kWindowSlots);
+  if (madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE) != 0) {
+    g_populated.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  pw.populated = true;
+}
+
+}  // namespace
+
 void drop_peer_window(Qp* qp) {
   drop_ud_peers(qp);  // a UD QP's windows, one per destination (shm_ud.cpp)
   wire::PeerWindow& pw = qp->peer_window;
+  if (pw.populated) g_populated.fetch_sub(1, std::memory_order_relaxed);
+  pw.populated = false;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
@@ -207,8 +239,12 @@ void open_window_at_rts(Qp* qp) {
   // A refusal here (the target not yet at RTR: both sides of a connection set up at once)
   // leaves the ask to the first post, with no backoff: this is a new connection.
   pw.backoff = 0;
-  if (open_peer_window(qp, path.dest_qpn, kOpenAtRtsWaitMs)) ++qp->window_counts.opened_at_rts;
-  else ++qp->window_counts.open_failed;
+  if (!open_peer_window(qp, path.dest_qpn, kOpenAtRtsWaitMs)) {
+    ++qp->window_counts.open_failed;
+    return;
+  }
+  ++qp->window_counts.opened_at_rts;
+  populate_ring(pw);
 }
 
 void count_agent_send(Qp* qp) {
