@@ -661,6 +661,27 @@ Val process_value(pid_t pid, const std::string& path, const std::vector<int32_t>
         o.set("sq_sig_all", Val::boolean(q.sq_sig_all != 0));
         auto er = t.get<uint32_t>(kQpEventsReported), ea = t.get<uint32_t>(kQpEventsAcked);
         o.set("async_events_not_acked", er && ea ? Val::signed_number(int64_t{int32_t(*er - *ea)}) : Val{});
+        // A connected QP as a same-host requester: its peer's receive window (an older
+        // library publishes none: "?").
+        if (q.type == 2 || q.type == 3) {  // RC, UC
+          Val w;
+          if (auto c = t.get<PeerWindowCounts>(kQpPeerWindow)) {
+            w = Val::object();
+            w.set("opened_at_rts", Val::number(c->opened_at_rts));
+            w.set("opened_at_post", Val::number(c->opened_at_post));
+            w.set("open_failed", Val::number(c->open_failed));
+            w.set("ring_waited", Val::number(c->ring_waited));
+            Val via = Val::object();
+            via.set("no_window", Val::number(c->agent_no_window));
+            via.set("ring_full", Val::number(c->agent_ring_full));
+            via.set("no_receive", Val::number(c->agent_no_receive));
+            via.set("too_small", Val::number(c->agent_too_small));
+            via.set("srq", Val::number(c->agent_srq));
+            via.set("other", Val::number(c->agent_other));
+            w.set("sends_via_agent", std::move(via));
+          }
+          o.set("peer_window", std::move(w));
+        }
         qps.items.push_back(std::move(o));
         break;
       }

@@ -54,6 +54,24 @@ enum QpHot {
   kQpWindowSlots,     // uint64: address of slot 0 (0: no window); QpInfo has their count, size
   kQpWindowHead,      // uint64: messages taken from it (message n is in slot n % count,
                       // whose first uint64 reads n + 1 once it is there)
+  kQpPeerWindow,      // PeerWindowCounts: as a requester, its use of the peer's window
+};
+// A same-host requester QP and its peer's receive window (kQpPeerWindow): when the window
+// was opened, and why SENDs went through the target's agent (a wake-up of a thread that
+// may share the target's CPU) instead. Counts since the QP was created, written by the
+// posting thread only (under its sq_mu), read racily by the reader.
+struct PeerWindowCounts {
+  uint64_t opened_at_rts;   // windows opened as ibv_modify_qp took the QP to RTS
+  uint64_t opened_at_post;  // windows opened at a post (the first one, or after one closed)
+  uint64_t open_failed;     // asks that got no window (the target not at RTR yet, gone, ...)
+  uint64_t ring_waited;     // SENDs that found the ring full and got room by waiting briefly
+  // SENDs through the target's agent, by why:
+  uint64_t agent_no_window;   // no window open (or being asked for again later)
+  uint64_t agent_ring_full;   // its 32 slots still full after the brief wait
+  uint64_t agent_no_receive;  // no receive posted: the agent answers RNR
+  uint64_t agent_too_small;   // the next receive is too small: the agent answers the error
+  uint64_t agent_srq;         // an SRQ: no receive to claim, or one given back not yet taken
+  uint64_t agent_other;       // placement given up (a key, pages we cannot reach, ...)
 };
 enum SrqHot { kSrqHead, kSrqTail, kSrqLimit, kSrqMaxWr };  // uint64, uint64, uint32, uint32
 // A window's binding changes on the data path (bind and invalidate WRs): read live.

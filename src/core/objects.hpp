@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/queue_mutex.hpp"
+#include "common/stat_segment.hpp"
 #include "common/spin_lock.hpp"
 #include "core/event_queue.hpp"
 #include "core/debug_hooks.hpp"
@@ -603,6 +604,7 @@ struct Qp {
   wire::InboundWindow inbound;
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;
+  stat::PeerWindowCounts window_counts{};  // under sq_mu; `softverbs stat` reads them
   // UD windows (wire/shm/ud_window.hpp, engine/shm_ud.cpp). Target side: one per sender QP
   // of another process, under ud_mu (taken after the key lock, before rq_mu or the SRQ's
   // lock). Sender side: windows into other processes' UD QPs, by QPN (under sq_mu).

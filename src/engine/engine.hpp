@@ -86,6 +86,13 @@ std::optional<Outcome> send_placed(Qp* qp, const SendWqe& w, const iovec* local,
 // False: not taken (nothing happened), build the WQE and run it. Caller holds qp->sq_mu;
 // the send queue is empty and qp is in RTS.
 bool post_now(Qp* qp, const ibv_send_wr* wr, uint64_t len);
+// ibv_modify_qp took an RC/UC QP to RTS: on a same-host route, opens its peer's receive
+// window now (within a short bound), in the application's setup, rather than at the first
+// post, where the peer's agent may wait for a scheduler tick. No: the first post asks.
+void open_window_at_rts(Qp* qp);
+// A SEND to a same-host peer goes through the peer's agent: counts why (the window's last
+// refusal) in qp->window_counts. Holds qp->sq_mu.
+void count_agent_send(Qp* qp);
 // Locks the send queue and runs it (after a timer fired or a receive was posted).
 void kick(Qp* qp);
 // Retries QP `qpn`'s send queue soon, wherever it lives (RNR waiters).

@@ -65,8 +65,10 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     if ((w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) &&
         w.total_length <= wire::kWindowPayload) {
       if (auto o = send_through_window(qp, w, local, nlocal, dst_qpn)) return *o;
+      count_agent_send(qp);
     } else if (w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM) {
       if (auto o = send_placed(qp, w, local, nlocal, dst_qpn)) return *o;  // too large for it
+      count_agent_send(qp);
     } else if (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_READ) {
       if (auto o = rdma_direct(qp, w, local, nlocal, dst_qpn)) return *o;
     } else if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {

@@ -5,9 +5,11 @@
 // they cannot do exactly (RNR, errors, a peer that went away) they leave to the shm
 // transport's agent path, which answers like the responder itself.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,9 +42,39 @@ bool usable_wake_fd(int fd) {
          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
 }
 
+namespace {
+
+// Windows open in this process whose ring pages open_window_at_rts faulted in. Each holds
+// 33 pages of its peer's memory whether SENDs come or not; past this many, the pages come
+// with the messages, as before (a process connected to many peers on this host).
+constexpr int kPopulateMax = 64;
+std::atomic<int> g_populated{0};
+
+// Faults in our mapping of the ring's pages (and so the peer's memory behind them) now, in
+// the application's setup: each first touch of a page costs a fault in the timed loop
+// otherwise (~0.25 ms over a new ring in a VM here: ib_send_bw -s 4096 at 1,000 messages
+// gave 7 GB/s without, 12-14 GB/s with). No contents change.
+void populate_ring(wire::PeerWindow& pw) {
+  if (g_populated.fetch_add(1, std::memory_order_relaxed) >= kPopulateMax) {
+    g_populated.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  auto from = reinterpret_cast<uintptr_t>(pw.slots) & ~uintptr_t{4095};
+  auto to = reinterpret_cast<uintptr_t>(pw.slots + wire::kWindowSlots);
+  if (madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE) != 0) {
+    g_populated.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  pw.populated = true;
+}
+
+}  // namespace
+
 void drop_peer_window(Qp* qp) {
   drop_ud_peers(qp);  // a UD QP's windows, one per destination (shm_ud.cpp)
   wire::PeerWindow& pw = qp->peer_window;
+  if (pw.populated) g_populated.fetch_sub(1, std::memory_order_relaxed);
+  pw.populated = false;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
@@ -95,23 +127,21 @@ void wake_target(const wire::ReadyHint& ready, int wake_fd, int slot, uint32_t d
   wire::agent_drain(slot, dst_qpn);
 }
 
-// The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
-// first time (and again after it closed); nullptr when there is none to use.
-wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+namespace {
+
+// How long ibv_modify_qp to RTS waits for each answer of the peer's agent (its probe, the
+// window): one that shares a pinned target's CPU with a spinning poller may run only at a
+// scheduler tick (4 ms at HZ=250). A peer slower than this leaves the window to the first post.
+constexpr int kOpenAtRtsWaitMs = 50;
+
+// Asks the agent of the peer QP `dst_qpn` for its receive window, each answer waited for
+// at most `wait_ms` (0: the agent's usual deadline); true: pw holds it, with fresh counts.
+bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   wire::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr) {  // the data path's case: one we opened, still open
-    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
-    drop_peer_window(qp);
-  }
   int slot = wire::slot_of_qpn(dst_qpn);
-  if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
-  if (pw.backoff) {
-    --pw.backoff;
-    return nullptr;
-  }
   wire::PeerArena arena;
   int wake_fd = -1;
-  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena, &wake_fd);
+  uint64_t off = wire::agent_open_window(slot, qp->qpn(), dst_qpn, &arena, &wake_fd, wait_ms);
   auto* hdr = off ? arena.at<wire::WindowHeader>(off) : nullptr;
   // Everything in the peer's arena is read once into locals, checked, and kept here: the
   // peer (or anyone scribbling on its memory) may change it at any time afterwards.
@@ -135,8 +165,7 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   if (!ok || !cq || pid <= 0) {
     if (wake_fd >= 0) close(wake_fd);
     wire::unmap_peer_arena(arena);
-    pw.backoff = 64;  // ask again later, not on every operation
-    return nullptr;
+    return false;
   }
   if (wake_fd >= 0 && !usable_wake_fd(wake_fd)) {
     close(wake_fd);
@@ -165,10 +194,113 @@ wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   pw.wake_fd = wake_fd;
   pw.ready = wire::ready_hint(arena, cq);
   pw.arena = arena;
+  pw.ring_waited = &qp->window_counts.ring_waited;
+  return true;
+}
+
+}  // namespace
+
+// The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
+// first time (and again after it closed); nullptr when there is none to use.
+wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
+  wire::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr) {  // the data path's case: one we opened, still open
+    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
+    drop_peer_window(qp);
+  }
+  int slot = wire::slot_of_qpn(dst_qpn);
+  if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
+  if (pw.backoff) {
+    --pw.backoff;
+    return nullptr;
+  }
+  if (!open_peer_window(qp, dst_qpn, 0)) {
+    ++qp->window_counts.open_failed;
+    pw.backoff = 64;  // ask again later, not on every operation
+    return nullptr;
+  }
+  ++qp->window_counts.opened_at_post;
   return &pw;
 }
 
+void open_window_at_rts(Qp* qp) {
+  if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) return;
+  std::lock_guard<QueueMutex> lock(qp->sq_mu);
+  const Qp::SendPath& path = qp->send_path;
+  // RoCE v2 peers have no window; one in this process needs none.
+  if (path.route != wire::Route::Shm || !Device::instance().port_active() ||
+      wire::slot_of_qpn(path.dest_qpn) == wire::my_slot())
+    return;
+  wire::PeerWindow& pw = qp->peer_window;
+  if (pw.hdr) {
+    if (pw.dst_qpn == path.dest_qpn && pw.hdr->live.load(std::memory_order_acquire)) return;
+    drop_peer_window(qp);
+  }
+  // A refusal here (the target not yet at RTR: both sides of a connection set up at once)
+  // leaves the ask to the first post, with no backoff: this is a new connection.
+  pw.backoff = 0;
+  if (!open_peer_window(qp, path.dest_qpn, kOpenAtRtsWaitMs)) {
+    ++qp->window_counts.open_failed;
+    return;
+  }
+  ++qp->window_counts.opened_at_rts;
+  populate_ring(pw);
+}
+
+void count_agent_send(Qp* qp) {
+  wire::PeerWindow& pw = qp->peer_window;
+  stat::PeerWindowCounts& c = qp->window_counts;
+  if (!pw.hdr) ++c.agent_no_window;
+  else if (pw.refused == wire::WindowRefusal::RingFull) ++c.agent_ring_full;
+  else if (pw.refused == wire::WindowRefusal::NoReceive) ++c.agent_no_receive;
+  else if (pw.refused == wire::WindowRefusal::TooSmall) ++c.agent_too_small;
+  else if (pw.refused == wire::WindowRefusal::Srq) ++c.agent_srq;
+  else ++c.agent_other;
+  pw.refused = wire::WindowRefusal::None;
+  pw.waited_at = 0;  // the next message may wait for room again
+}
+
 namespace {
+
+// How long a message waits for room in a full ring before taking the agent path.
+constexpr auto kRingWait = std::chrono::microseconds(30);
+
+// The ring is full (message tail + 1 waits). While the target polls, room comes with its
+// next poll, microseconds away, where the agent path waits for a thread that may share the
+// target's CPU with that poller and so run only at a scheduler tick. So, when the target's
+// CQ is not armed (no one sleeps on it), wait up to kRingWait re-reading its head, once
+// per message (the paths that try the window again after this one do not wait again).
+// Only this posting thread spins, and briefly.
+bool wait_for_room(wire::PeerWindow* pw, uint64_t tail) {
+  if (pw->waited_at == tail + 1 ||
+      pw->cq->arm.load(std::memory_order_relaxed) != wire::kArmNone)
+    return false;
+  pw->waited_at = tail + 1;
+  const Clock::time_point until = Clock::now() + kRingWait;
+  do {
+    for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    pw->head = pw->hdr->head.load(std::memory_order_acquire);
+    if (tail - pw->head < wire::kWindowSlots) {
+      if (pw->ring_waited) ++*pw->ring_waited;
+      return true;
+    }
+  } while (Clock::now() < until);
+  return false;
+}
+
+// Whether the ring has room for message tail + 1, reading the target's head when our copy
+// says it is full (and waiting a little, above); a no says why in pw->refused.
+bool ring_room(wire::PeerWindow* pw, uint64_t tail) {
+  if (tail - pw->head < wire::kWindowSlots) return true;
+  pw->head = pw->hdr->head.load(std::memory_order_acquire);
+  if (tail - pw->head < wire::kWindowSlots || wait_for_room(pw, tail)) return true;
+  pw->refused = wire::WindowRefusal::RingFull;
+  return false;
+}
 
 // window_slot for a target QP with an SRQ: when the ring has room and the SRQ's lowest
 // unclaimed receive holds `len` (a small SEND, or a large one the caller places): claimed now (its owner word names our window,
@@ -184,14 +316,13 @@ bool die_after_srq_claim() {
 
 wire::WindowSlot* srq_window_slot(wire::PeerWindow* pw, uint32_t len) {
   wire::SrqShared* srq = pw->srq;
+  pw->refused = wire::WindowRefusal::Srq;
   if (srq->given_back.load(std::memory_order_acquire)) return nullptr;
   uint64_t tail = pw->tail;
-  if (tail - pw->head >= wire::kWindowSlots) {
-    pw->head = pw->hdr->head.load(std::memory_order_acquire);
-    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
-  }
+  if (!ring_room(pw, tail)) return nullptr;
   uint64_t number = wire::srq_claim(srq, srq->posted.load(std::memory_order_acquire), pw->srq_claimer, len);
   if (number == wire::kSrqNone) return nullptr;
+  pw->refused = wire::WindowRefusal::None;
   if (die_after_srq_claim()) _exit(0);
   pw->srq_number = number;
   wire::WindowSlot* s = &pw->slots[tail % wire::kWindowSlots];
@@ -216,14 +347,18 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   uint64_t taken = pw->taken;
   if (pw->posted == taken) {
     pw->posted = hdr->rq_posted.load(std::memory_order_acquire);
-    if (pw->posted == taken) return nullptr;  // no receive posted: RNR, via the agent
+    if (pw->posted == taken) {  // no receive posted: RNR, via the agent
+      pw->refused = wire::WindowRefusal::NoReceive;
+      return nullptr;
+    }
   }
-  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) return nullptr;
+  if (pw->rq_len[taken & (pw->rq_cap - 1)] < len) {
+    pw->refused = wire::WindowRefusal::TooSmall;
+    return nullptr;
+  }
   uint64_t tail = pw->tail;
-  if (tail - pw->head >= wire::kWindowSlots) {
-    pw->head = hdr->head.load(std::memory_order_acquire);
-    if (tail - pw->head >= wire::kWindowSlots) return nullptr;
-  }
+  if (!ring_room(pw, tail)) return nullptr;
+  pw->refused = wire::WindowRefusal::None;
   return &pw->slots[tail % wire::kWindowSlots];
 }
 

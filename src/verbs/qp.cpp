@@ -480,6 +480,9 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   } else {
     qp->state.store(next);
     if (next == IBV_QPS_RTR) engine::watch_peer_of(qp);
+    // Into RTS: the same-host peer's window is asked for now, in the application's setup,
+    // not at its first post (in its timed loop, where the peer may be spinning).
+    if (next == IBV_QPS_RTS && cur != IBV_QPS_RTS) engine::open_window_at_rts(qp);
     if (next == IBV_QPS_RTS) engine::kick(qp);  // WQEs posted in SQD/SQE may run now
   }
   qp->qp()->state = next;

@@ -320,6 +320,7 @@ void publish(Qp* qp) {
     r.hot[kQpEventsAcked] = offset(qp, &q->events_completed);
     r.hot[kQpWindowSlots] = offset(qp, &qp->window_slots);
     r.hot[kQpWindowHead] = offset(qp, &qp->inbound.head);
+    r.hot[kQpPeerWindow] = offset(qp, &qp->window_counts);
     i.window_slots = wire::kWindowSlots;
     i.window_slot_size = sizeof(wire::WindowSlot);
   });

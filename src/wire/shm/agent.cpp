@@ -606,8 +606,11 @@ bool cross_memory_disabled() {
 namespace {
 
 // Asks the agent whether it can read our memory; says once per process when it cannot.
-CopyMode probe_copy_mode(int fd) {
-  if (cross_memory_disabled()) return kThroughSocket;
+// False when it did not answer within `wait_ms` (or hung up): the connection is out of step
+// then (a late answer would be taken for the next one's), so the caller drops it.
+bool probe_copy_mode(int fd, int wait_ms, CopyMode* mode) {
+  *mode = kThroughSocket;
+  if (cross_memory_disabled()) return true;
   static const uint64_t probe_word = 0x5356434d41ull;  // "SVCMA"
   WireRequest m{};
   m.magic = kMagic;
@@ -616,19 +619,20 @@ CopyMode probe_copy_mode(int fd) {
   m.iov[0] = {reinterpret_cast<uint64_t>(&probe_word), sizeof(probe_word)};
   m.compare_add = probe_word;
   WireReply r{};
-  bool ok = send_message(fd, &m, sizeof(m), kReplyTimeoutMs) &&
-            wait_readable(fd, kReplyTimeoutMs) > 0 && recv(fd, &r, sizeof(r), 0) == sizeof(r) &&
-            r.magic == kMagic && r.kind == Reply::Ack;
-  if (!ok) {
+  if (!send_message(fd, &m, sizeof(m), wait_ms) || wait_readable(fd, wait_ms) <= 0 ||
+      recv(fd, &r, sizeof(r), 0) != sizeof(r))
+    return false;
+  if (r.magic != kMagic || r.kind != Reply::Ack) {
     static std::once_flag said;
     std::call_once(said, [] {
       std::fprintf(stderr,
                    "softverbs: cross-memory attach between processes is refused here; "
                    "copying payload through sockets instead (slower)\n");
     });
-    return kThroughSocket;
+    return true;
   }
-  return kCrossMemory;
+  *mode = kCrossMemory;
+  return true;
 }
 
 std::mutex g_conn_mu;
@@ -649,19 +653,22 @@ std::shared_ptr<Connection> connection(int slot, bool delivery = false) {
   return c;
 }
 
-// Under c.mu: connects if needed. Returns false if the agent is not there.
-bool ensure_connected(Connection& c, int slot) {
+// Under c.mu: connects if needed. Returns false if the agent is not there, or did not
+// answer the probe within `wait_ms`.
+bool ensure_connected(Connection& c, int slot, int wait_ms) {
   if (c.fd >= 0) return true;
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   socklen_t len;
   sockaddr_un addr = make_address(slot, &len, c.delivery);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+  CopyMode mode;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      !probe_copy_mode(fd, wait_ms, &mode)) {
     close(fd);
     return false;
   }
   c.fd = fd;
-  c.mode = probe_copy_mode(fd);
+  c.mode = mode;
   return true;
 }
 
@@ -676,7 +683,7 @@ void drop(Connection& c) {
 // afresh, once.
 bool send_request(Connection& c, int slot, WireRequest& m, int wait_ms) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!ensure_connected(c, slot)) return false;
+    if (!ensure_connected(c, slot, wait_ms > 0 ? wait_ms : kReplyTimeoutMs)) return false;
     m.copy_mode = c.mode;
     if (send_message(c.fd, &m, sizeof(m), wait_ms)) return true;
     bool stale = errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN;
@@ -816,8 +823,9 @@ void agent_kick(int slot, uint32_t qpn) {
 }
 
 uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena,
-                           int* wake_fd) {
+                           int* wake_fd, int wait_ms) {
   *wake_fd = -1;
+  if (wait_ms <= 0) wait_ms = kReplyTimeoutMs;
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
   WireRequest m{};
@@ -825,14 +833,14 @@ uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerAre
   m.kind = kOpenWindow;
   m.src_qpn = src_qpn;
   m.dst_qpn = dst_qpn;
-  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return 0;
+  if (!send_request(*c, slot, m, wait_ms)) return 0;
   WireReply r{};
   int fds[kMaxFds] = {-1, -1, -1, -1};
   auto close_fds = [&fds] {
     for (int f : fds)
       if (f >= 0) close(f);
   };
-  if (wait_readable(c->fd, kReplyTimeoutMs) <= 0 || !recv_with_fds(c->fd, &r, fds) ||
+  if (wait_readable(c->fd, wait_ms) <= 0 || !recv_with_fds(c->fd, &r, fds) ||
       r.magic != kMagic) {
     close_fds();
     drop(*c);

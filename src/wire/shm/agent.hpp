@@ -34,8 +34,10 @@ void agent_kick(int slot, uint32_t qpn);
 // Asks the agent of `slot` for the receive window of its QP `dst_qpn` for our QP
 // `src_qpn`: maps that process's arena here and returns the window's offset, or 0.
 // *wake_fd gets an fd that wakes the target's completion channel (or -1); ours to close.
+// Each answer (to connecting's probe, to the ask) is waited for at most `wait_ms` (0: the
+// agent's usual deadline, seconds); one that does not come drops the connection.
 uint64_t agent_open_window(int slot, uint32_t src_qpn, uint32_t dst_qpn, PeerArena* arena,
-                           int* wake_fd);
+                           int* wake_fd, int wait_ms = 0);
 // True when SOFTVERBS_NO_CMA asks for payload through sockets instead of cross-memory attach.
 bool cross_memory_disabled();
 // Asks the agent of `slot` to drain the receive window of its QP `dst_qpn` (no answer).

@@ -242,6 +242,9 @@ struct InboundWindow {
   uint32_t srq_claimer = 0;  // QP of an SRQ: the writer's `who` in the SRQ's owner words
 };
 
+// Why a message could not take the window's next slot (PeerWindow::refused).
+enum class WindowRefusal : uint8_t { None, RingFull, NoReceive, TooSmall, Srq };
+
 // What a QP keeps of its peer's receive window, requester side, when the peer is another
 // process of this host (under the QP's sq_mu).
 struct PeerWindow {
@@ -269,6 +272,12 @@ struct PeerWindow {
   uint64_t posted = 0;  // receives the target had published when last read
   uint64_t head = 0;    // messages the target had consumed when last read
   bool resync = true;   // read rq_taken before the next message
+  // Why window_slot last said no (for the requester's counts of agent-path SENDs), and the
+  // message (tail + 1) it last waited for room for: one wait per message, not one per try.
+  WindowRefusal refused = WindowRefusal::None;
+  uint64_t waited_at = 0;
+  uint64_t* ring_waited = nullptr;  // the QP's count of waits that got room
+  bool populated = false;  // its ring's pages faulted in when opened (shm_requester.cpp)
   // The mapping all of the above points into (one reference), with the peer's MR memfd
   // (arena.mr, or nullptr) and its size when last looked at.
   PeerArena arena;
