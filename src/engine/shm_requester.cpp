@@ -262,21 +262,26 @@ void count_agent_send(Qp* qp) {
 
 namespace {
 
-// How long a message waits for room in a full ring before taking the agent path.
+// How long a message waits for room in a full ring before taking the agent path: while
+// the target polls, and while it sleeps on a CQ armed for the next completion.
 constexpr auto kRingWait = std::chrono::microseconds(30);
+constexpr auto kRingWaitAsleep = std::chrono::microseconds(250);
 
 // The ring is full (message tail + 1 waits). While the target polls, room comes with its
 // next poll, microseconds away, where the agent path waits for a thread that may share the
-// target's CPU with that poller and so run only at a scheduler tick. So, when the target's
-// CQ is not armed (no one sleeps on it), wait up to kRingWait re-reading its head, once
-// per message (the paths that try the window again after this one do not wait again).
-// Only this posting thread spins, and briefly.
+// target's CPU with that poller and so run only at a scheduler tick. A target asleep on a
+// CQ armed for the next completion was woken by the first message that found it so
+// (window_commit) and drains the ring when it runs: a wake-up of a sleeping thread takes
+// tens of µs on a VM (the eventfd floor, 25 µs here), and the agent path is one more
+// wake-up and a copy on top (ib_send_bw -e took it for most messages a sleep left behind:
+// docs/analysis/send-bw-events.md). Armed for solicited events only, nothing may wake it:
+// the agent path, at once. Once per message (the paths that try the window again after
+// this one do not wait again). Only this posting thread spins, and boundedly.
 bool wait_for_room(wire::PeerWindow* pw, uint64_t tail) {
-  if (pw->waited_at == tail + 1 ||
-      pw->cq->arm.load(std::memory_order_relaxed) != wire::kArmNone)
-    return false;
+  const int arm = pw->cq->arm.load(std::memory_order_relaxed);
+  if (pw->waited_at == tail + 1 || arm == wire::kArmSolicited) return false;
   pw->waited_at = tail + 1;
-  const Clock::time_point until = Clock::now() + kRingWait;
+  const Clock::time_point until = Clock::now() + (arm == wire::kArmNone ? kRingWait : kRingWaitAsleep);
   do {
     for (int i = 0; i < 16; ++i) {
 #if defined(__x86_64__) || defined(__i386__)
