@@ -206,9 +206,6 @@ rw::Port& port() {
 // application stops calling, the parked socket's recheck (every park grace, 1 ms) or, for a
 // QP whose peer would resend sooner, the hold timer (kHoldTimerId).
 thread_local bool t_app_receive = false;  // this thread is in roce_poll
-// ... taking an event (ibv_get_cq_event): what it holds leaves ahead of the reply, not
-// behind it (RoceLink::held_ack_first).
-thread_local bool t_event_receive = false;
 // A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
 constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
 // Held back at most this many PSNs past the last ACK that left (the requester may have at
@@ -352,12 +349,6 @@ struct RoceLink final : packet::Env {
   // The ACK held back (hold_ack), whether our QPN is in g_held, and the last ACK sent.
   std::optional<rw::Packet> held_ack;
   bool held_since_timer = false;  // an ACK was held since the hold timer last ran
-  // Held while taking an event: it leaves ahead of the QP's next request, in its own
-  // datagram of the same sendmmsg, as a NIC's ACK precedes its application's reply (perftest
-  // -e takes a channel's events in that order, whichever CQ it waits for, and its send CQ of
-  // one entry overruns otherwise). A polling loop's ACK rides behind the request instead, as
-  // the GSO send's shorter last segment: one skb for both.
-  bool held_ack_first = false;
   int64_t held_due = 0;           // when the ACK held now must have left (steady ns)
   // The longest an ACK of this QP is held while the application keeps polling: hold_max_ns,
   // or an eighth of the QP's local ACK timeout when that is shorter (0: never held). And an
@@ -483,7 +474,6 @@ struct RoceLink final : packet::Env {
       }
     }
     held_ack = pkt;
-    held_ack_first = held_ack_first || t_event_receive;
     // Given back meanwhile: whoever gave it back may have looked at g_held already.
     if (!port().parked()) emit_held_ack();
     return true;
@@ -491,7 +481,6 @@ struct RoceLink final : packet::Env {
   void drop_held_ack() {
     if (!held_ack) return;
     held_ack.reset();
-    held_ack_first = false;
     g_roce_held_acks.fetch_sub(1, std::memory_order_seq_cst);
   }
   void emit_held_ack() {
@@ -875,19 +864,6 @@ void flush_held_acks() {
   flush_held_acks_but([](const HeldEntry&) { return false; });
 }
 
-// Held ACKs while nobody has the socket parked (an application that took an event goes
-// on with its CQ): the recheck no longer runs, so the hold timer sends them, at most a
-// park grace from now (once per park grace while holds go on: one timer call, no more).
-void keep_holds_unparked() {
-  if (g_roce_held_acks.load(std::memory_order_seq_cst) == 0) return;
-  const int64_t due = int64_t(now_ns_steady()) + port().park_grace_ns();
-  std::lock_guard<std::mutex> lock(g_held_mu);
-  const int64_t pending = g_hold_due.load(std::memory_order_relaxed);
-  if (pending != 0 && pending <= due) return;
-  g_hold_due.store(due, std::memory_order_relaxed);
-  port().schedule(kHoldTimerId, rw::Port::Clock::time_point(std::chrono::nanoseconds(due)));
-}
-
 // The hold timer and the parked socket's recheck (port's thread): every held ACK leaves.
 // While timed QPs keep holding the timer runs every hold_max_ns (a ping-pong's ACKs ride
 // with its SENDs, and then it finds nothing), so that their holds need no timer call of
@@ -1253,7 +1229,6 @@ bool roce_post(Qp* qp, SendWqe& w) {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<std::mutex> lock(link->mu);
     if (ud) link->ud_dest.push_back({w.sgid, w.dgid, w.hop_limit});
-    if (link->held_ack_first) link->emit_held_ack();  // ahead of the request (held_ack_first)
     err = link->pq.post_send(std::move(p));
     if (err && ud) link->ud_dest.pop_back();
     link->sync_error();
@@ -1264,11 +1239,10 @@ bool roce_post(Qp* qp, SendWqe& w) {
   return true;
 }
 
-bool roce_poll(bool hold_acks, bool event) {
+bool roce_poll(bool hold_acks) {
   t_app_receive = hold_acks && hold_enabled();
-  t_event_receive = event;
-  const int n = port().poll(event);
-  t_app_receive = t_event_receive = false;
+  const int n = port().poll();
+  t_app_receive = false;
   return n > 0;
 }
 
@@ -1279,22 +1253,18 @@ void roce_wait_begin() {
 }
 void roce_wait_end() {
   port().wait_end();
-  // The event this wait returns came with the ACKs the wake-up's packets asked for: they
-  // may ride with the reply the application posts next (the next call that is not about
-  // the event's CQ or its QPs sends them).
-  if (!port().parked()) keep_holds_unparked();
+  if (!port().parked()) flush_held_acks();
 }
 
 void roce_poll_result(const Cq* cq, bool found) {
   if (found) port().poll_found();
   else port().poll_idle();
   if (g_roce_held_acks.load(std::memory_order_seq_cst) == 0) return;
-  // Held ACKs wait only while the application finds completions: an empty poll means it
-  // waits for the peer, which may be waiting for them.
-  if (!found) return flush_held_acks();
+  // Held ACKs wait only while the application has found completions and has the socket:
+  // an empty poll means it waits for the peer, which may be waiting for them.
+  if (!found || !port().parked()) return flush_held_acks();
   // Found: the QPs of this CQ hold on; a poll of another CQ is the application moving on.
   const auto on_cq = [cq](const HeldEntry& e) { return e.send_cq == cq || e.recv_cq == cq; };
-  if (!port().parked()) keep_holds_unparked();
   const int64_t now = int64_t(now_ns_steady());
   if (now < g_hold_earliest.load(std::memory_order_relaxed)) return flush_held_acks_but(on_cq);
   // An ACK's bound passed (the application kept finding completions; no timer runs for
@@ -1309,12 +1279,9 @@ void roce_poll_result(const Cq* cq, bool found) {
   });
 }
 
-void roce_poll_stop(const Cq* cq) {
+void roce_poll_stop() {
   port().poll_stop();
-  // Arming the CQ whose event the application just took (ibv_get_cq_event,
-  // ibv_req_notify_cq, ibv_poll_cq, then the reply): its QPs' ACKs keep their ride.
-  flush_held_acks_but([cq](const HeldEntry& e) { return e.send_cq == cq || e.recv_cq == cq; });
-  if (!port().parked()) keep_holds_unparked();
+  flush_held_acks();
 }
 
 void roce_flush_held_slow(const Qp* except) {

@@ -45,10 +45,8 @@ bool roce_stat_view(Qp* qp, RoceStatView* view);
 // ibv_poll_cq on an empty CQ that QPs on the wire feed: receives what waits on the port
 // now, on the caller's thread. True when something was received. `hold_acks`: ACKs for
 // what it receives may wait for the QP's next packet (a polling loop, which says what it
-// found with roce_poll_result, or takes an event: ibv_get_cq_event's wake-up); false for
-// a receive that must not hold.
-// `event`: the caller takes an event (its held ACKs leave ahead of the reply).
-bool roce_poll(bool hold_acks = true, bool event = false);
+// found with roce_poll_result); false for a thread that may sleep next (events).
+bool roce_poll(bool hold_acks = true);
 // What such a poll of `cq` returned: nothing (found=false: the application waits on the
 // CQ), or completions. Decides whether the port's thread or the application receives
 // (Port), and which held ACKs leave (all after an empty poll; those of QPs not on `cq`).
@@ -68,8 +66,7 @@ int roce_wait_fd();
 void roce_wait_begin();
 void roce_wait_end();
 // The application arms such a CQ (it will sleep until an event): stop relying on its polls.
-// ACKs held for QPs of `cq` may still ride with the reply to the event just taken.
-void roce_poll_stop(const Cq* cq);
+void roce_poll_stop();
 // QP1: the process's MAD agent (a UD QP created with IBV_QP_CREATE_SOURCE_QPN = 1, see
 // docs/decisions/0007). At most one per process; it receives every datagram for DestQP 1
 // that reaches this process, and sends with SrcQP 1. A process without one passes QP1

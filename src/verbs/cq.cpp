@@ -289,7 +289,7 @@ int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
 
 int req_notify_cq(Cq* cq, int solicited_only) {
   // About to sleep until an event: the port's thread must receive the wire's packets again.
-  if (cq->roce_fed.load(std::memory_order_relaxed)) engine::roce_poll_stop(cq);
+  if (cq->roce_fed.load(std::memory_order_relaxed)) engine::roce_poll_stop();
   else engine::roce_flush_held();
   std::lock_guard<SpinLock> lock(cq->produce_mu);
   if (cq->in_error.load()) return EINVAL;
@@ -370,8 +370,7 @@ void look_at_ready(CompChannel* ch, uint64_t wakeups) {
 }  // namespace
 
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
-  // Held ACKs leave before this thread sleeps (roce_wait_begin); an event already queued
-  // (perftest takes a channel's events in order, whichever CQ it waits for) keeps their ride.
+  engine::roce_flush_held();  // may sleep: no ACK waits for this thread
   Cq* cq = nullptr;
   auto deliver = [](Cq* c) {
     pthread_mutex_lock(&c->cq()->mutex);
@@ -390,9 +389,7 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
       cq_moderation_expire_due(ch);
     }
     // Packets from the wire become completions (and the armed CQs' events) here.
-    // Held ACKs ride with the reply to the event; before this thread sleeps, wait_begin
-    // sends them.
-    if (wire) engine::roce_poll(true, true);
+    if (wire) engine::roce_poll(false);  // ACKs at once: this thread may sleep next
   };
   // Asleep, this thread also waits on the port's socket and receives what wakes it: one
   // wake-up per message instead of the port thread's and then this one.

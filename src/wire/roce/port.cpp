@@ -823,13 +823,13 @@ void Port::handle_group() {
   receive_locked(fd_group_, false, false);
 }
 
-int Port::poll(bool all) {
+int Port::poll() {
   if (config_.park_grace_ns) {
     app_polled_ns_.store(steady_ns(), std::memory_order_relaxed);
   }
   std::unique_lock<std::mutex> lock(group_mu_, std::try_to_lock);
   if (!lock.owns_lock() || fd_group_ < 0) return 0;  // the port's thread is at it
-  return receive_locked(fd_group_, !all, false);
+  return receive_locked(fd_group_, true, false);
 }
 
 int Port::receive_locked(int fd, bool once, bool multicast) {

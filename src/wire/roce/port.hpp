@@ -144,9 +144,7 @@ class Port {
   // Receives and hands on what is waiting on the port now, on the caller's thread (an
   // application polling its CQ: its packets then need no wake-up of the port's thread, nor
   // a CPU for it). 0 when nothing was waiting or the port's thread is receiving already.
-  // One buffer (a spinning poll); with `all`, everything waiting (a thread woken to take an
-  // event: what stays behind would wake the port's thread once the socket goes back to it).
-  int poll(bool all = false);
+  int poll();
   // What the application's poll found, after poll(): nothing (poll_idle; several in a row
   // mean it waits on its CQ, so the port's thread leaves the socket to it and is not woken
   // for every packet), or completions (poll_found). After completions the socket stays
