@@ -198,16 +198,23 @@ bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   return true;
 }
 
+// Whether the window pw holds is the one to `dst_qpn` and its target still lives; any other
+// is dropped here.
+bool window_open_to(Qp* qp, uint32_t dst_qpn) {
+  wire::PeerWindow& pw = qp->peer_window;
+  if (!pw.hdr) return false;
+  if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return true;
+  drop_peer_window(qp);
+  return false;
+}
+
 }  // namespace
 
 // The receive window of the peer QP `dst_qpn` in another process, asked of its agent the
 // first time (and again after it closed); nullptr when there is none to use.
 wire::PeerWindow* peer_window(Qp* qp, uint32_t dst_qpn) {
   wire::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr) {  // the data path's case: one we opened, still open
-    if (pw.dst_qpn == dst_qpn && pw.hdr->live.load(std::memory_order_acquire)) return &pw;
-    drop_peer_window(qp);
-  }
+  if (window_open_to(qp, dst_qpn)) return &pw;  // the data path's case: one we opened
   int slot = wire::slot_of_qpn(dst_qpn);
   if (slot == wire::my_slot()) return nullptr;  // same process: direct anyway
   if (pw.backoff) {
@@ -231,11 +238,8 @@ void open_window_at_rts(Qp* qp) {
   if (path.route != wire::Route::Shm || !Device::instance().port_active() ||
       wire::slot_of_qpn(path.dest_qpn) == wire::my_slot())
     return;
+  if (window_open_to(qp, path.dest_qpn)) return;
   wire::PeerWindow& pw = qp->peer_window;
-  if (pw.hdr) {
-    if (pw.dst_qpn == path.dest_qpn && pw.hdr->live.load(std::memory_order_acquire)) return;
-    drop_peer_window(qp);
-  }
   // A refusal here (the target not yet at RTR: both sides of a connection set up at once)
   // leaves the ask to the first post, with no backoff: this is a new connection.
   pw.backoff = 0;
