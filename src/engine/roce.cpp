@@ -205,7 +205,16 @@ rw::Port& port() {
 // (roce_flush_held), a poll that finds completions after hold_bound_ns, and, when the
 // application stops calling, the parked socket's recheck (every park grace, 1 ms) or, for a
 // QP whose peer would resend sooner, the hold timer (kHoldTimerId).
-thread_local bool t_app_receive = false;  // this thread is in roce_poll
+thread_local bool t_app_receive = false;  // this thread is in roce_poll and may hold ACKs
+thread_local bool t_app_poll = false;     // this thread is in roce_poll (not the port's)
+// The application's receive in roce_poll held an ACK back (roce_poll_result reads it).
+thread_local bool t_held_in_poll = false;
+// The port's thread hands a plain RDMA WRITE's last packet to its link: its ACK may wait
+// for the application's reply (RoceLink::hold_ack).
+thread_local bool t_write_request = false;
+// How many of a link's ACKs the port's thread held in a row that then left by the timer,
+// not with a reply, before it holds none any more.
+constexpr int kThreadHoldMisses = 3;
 // A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
 constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
 // Held back at most this many PSNs past the last ACK that left (the requester may have at
@@ -349,6 +358,8 @@ struct RoceLink final : packet::Env {
   // The ACK held back (hold_ack), whether our QPN is in g_held, and the last ACK sent.
   std::optional<rw::Packet> held_ack;
   bool held_since_timer = false;  // an ACK was held since the hold timer last ran
+  bool held_by_thread = false;    // the port's thread holds it (hold_ack), not a poller
+  int thread_hold_misses = 0;     // such holds in a row that the timer sent
   int64_t held_due = 0;           // when the ACK held now must have left (steady ns)
   // The longest an ACK of this QP is held while the application keeps polling: hold_max_ns,
   // or an eighth of the QP's local ACK timeout when that is shorter (0: never held). And an
@@ -442,8 +453,19 @@ struct RoceLink final : packet::Env {
   // a poll of this QP's CQs or a post to it (roce_flush_held, roce_poll_result), the
   // socket's return to the port's thread, or the hold timer, at most hold_bound_ns after
   // the first ACK held.
+  //
+  // The port's thread holds one too, for the last packet of a plain RDMA WRITE, when the
+  // program is one that polls memory after its completions (Port::eager: a one-sided
+  // ping-pong, ib_write_lat): its reply WRITE then takes the ACK along, the peer's poll
+  // for that ACK receives the reply with it, and from then on both sides' polls receive
+  // everything (docs/roce.md, "One-sided ping-pongs"). The hold timer bounds it; a link
+  // whose held ACKs keep leaving by the timer (no reply came) stops.
   bool hold_ack(const rw::Packet& pkt) {
-    if (!t_app_receive || !port().parked() || hold_bound_ns <= 0) return false;
+    if (hold_bound_ns <= 0) return false;
+    const bool by_app = t_app_receive && port().parked();
+    const bool by_thread = !t_app_poll && t_write_request && port().eager() &&
+                           thread_hold_misses < kThreadHoldMisses;
+    if (!by_app && !by_thread) return false;
     const uint32_t psn = pkt.psn & packet::kPsnMask;
     if (!acked_any) {
       acked_any = true;
@@ -459,7 +481,9 @@ struct RoceLink final : packet::Env {
       // then: enough unless the peer would resend sooner. A timer for every hold would wake
       // that thread on the pinned poller's CPU every 100 µs of a ping-pong (each run
       // preempting the poller), for ACKs that rode with the next SEND long before.
-      const bool timed = hold_hard_ns < port().park_grace_ns();
+      // (The recheck sends only ACKs past their bound while the application still polls,
+      // so one may wait two park graces; the port's thread's holds have no recheck.)
+      const bool timed = by_thread || hold_hard_ns < 2 * port().park_grace_ns();
       std::lock_guard<std::mutex> lock(g_held_mu);
       lower_hold_earliest(due);
       const uint32_t qpn = qp->qpn();
@@ -474,13 +498,16 @@ struct RoceLink final : packet::Env {
       }
     }
     held_ack = pkt;
+    held_by_thread = by_thread;
+    if (by_app) t_held_in_poll = true;
     // Given back meanwhile: whoever gave it back may have looked at g_held already.
-    if (!port().parked()) emit_held_ack();
+    if (by_app && !port().parked()) emit_held_ack();
     return true;
   }
   void drop_held_ack() {
     if (!held_ack) return;
     held_ack.reset();
+    held_by_thread = false;
     g_roce_held_acks.fetch_sub(1, std::memory_order_seq_cst);
   }
   void emit_held_ack() {
@@ -823,8 +850,14 @@ struct RoceLink final : packet::Env {
       raise_qp_event(qp, *error_event);
     error_event.reset();
     // A held ACK goes with the packets this call produced (one GSO send, when it is no
-    // longer than they are), or at once outside an application's receive.
-    if (held_ack && (!t_app_receive || out_batch().n > 0)) emit_held_ack();
+    // longer than they are), or at once outside an application's receive, unless the
+    // port's thread holds it for the reply.
+    if (held_ack && out_batch().n > 0) {
+      if (held_by_thread) thread_hold_misses = 0;  // it rode
+      emit_held_ack();
+    } else if (held_ack && !t_app_receive && !held_by_thread) {
+      emit_held_ack();
+    }
     flush();
   }
 };
@@ -864,9 +897,12 @@ void flush_held_acks() {
   flush_held_acks_but([](const HeldEntry&) { return false; });
 }
 
-// The hold timer and the parked socket's recheck (port's thread): every held ACK leaves.
+// The hold timer and the parked socket's recheck (port's thread): the held ACKs whose
+// bound passed leave, and all of them when the recheck gave the socket back (the
+// application went away). While the application polls, its polls send what is due; a
+// recheck or timer run that sent one it still held for a reply broke a ping-pong's ride.
 // While timed QPs keep holding the timer runs every hold_max_ns (a ping-pong's ACKs ride
-// with its SENDs, and then it finds nothing), so that their holds need no timer call of
+// with its packets, and then it finds nothing), so that their holds need no timer call of
 // their own; a QP that held nothing since the last run is taken off the list, and the
 // timer stops once no timed QP is left on it.
 void on_hold_timer(bool recheck) {
@@ -874,9 +910,14 @@ void on_hold_timer(bool recheck) {
     std::lock_guard<std::mutex> lock(g_held_mu);
     g_hold_due.store(0, std::memory_order_relaxed);
   }
-  for_held_links([](const HeldEntry&) { return true; }, [](RoceLink& link) {
-    link.emit_held_ack();
-    if (std::exchange(link.held_since_timer, false)) return;
+  const bool all = recheck && !port().parked();
+  const int64_t now = int64_t(now_ns_steady());
+  for_held_links([](const HeldEntry&) { return true; }, [&](RoceLink& link) {
+    if (link.held_ack && (all || link.held_due <= now)) {
+      if (link.held_by_thread) ++link.thread_hold_misses;  // no reply took it
+      link.emit_held_ack();
+    }
+    if (std::exchange(link.held_since_timer, false) || link.held_ack) return;
     // Taken off under the link's mu: a hold that came after this run saw the QP's entry
     // and did not add it again, so an entry erased later (after the link's mu was let go)
     // left that ACK held with nothing to ever send it.
@@ -1066,7 +1107,10 @@ void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
   std::lock_guard<std::mutex> lock(link->mu);
   // A connected QP hears only its peer.
   if (!ud && std::memcmp(link->dgid.raw, d.src.bytes.data(), 16) != 0) return;
+  const uint8_t op = pkt.opcode & 0x1f;
+  t_write_request = !ud && (op == rw::kWriteOnly || op == rw::kWriteLast);
   link->pq.on_packet(pkt, ud ? grh : nullptr);
+  t_write_request = false;
   link->xrc_srq = nullptr;
   link->sync_error();
 }
@@ -1241,8 +1285,11 @@ bool roce_post(Qp* qp, SendWqe& w) {
 
 bool roce_poll(bool hold_acks) {
   t_app_receive = hold_acks && hold_enabled();
+  t_app_poll = true;
+  t_held_in_poll = false;
   const int n = port().poll();
   t_app_receive = false;
+  t_app_poll = false;
   return n > 0;
 }
 
@@ -1257,7 +1304,7 @@ void roce_wait_end() {
 }
 
 void roce_poll_result(const Cq* cq, bool found) {
-  if (found) port().poll_found();
+  if (found) port().poll_found(std::exchange(t_held_in_poll, false));
   else port().poll_idle();
   if (g_roce_held_acks.load(std::memory_order_seq_cst) == 0) return;
   // Held ACKs wait only while the application has found completions and has the socket:

@@ -380,6 +380,58 @@ TEST(RocePort, AnApplicationWaitingOnItsCqReceivesAloneUntilItStops) {
   for (size_t i = 20; i < expect; ++i) EXPECT_NE(by[i], std::this_thread::get_id()) << "datagram " << i;
 }
 
+// An eager process (it polls memory after completions) whose found poll brought the peer's
+// next request along with the completion (a one-sided ping-pong's ride, poll_found(true))
+// keeps the socket: nothing comes before its reply. A recheck that still finds a datagram
+// waiting after such a poll counts a miss; after kRideMisses of them a ride keeps it no more.
+TEST(RocePort, ARideKeepsTheSocketParkedUntilItMisses) {
+  const uint16_t udp_port = free_udp_port();
+  std::atomic<size_t> arrived{0};
+  TempStateDir dir;
+  Port port({udp_port, 7, dir.path, 50'000'000}, [&](const Datagram&) { ++arrived; }, nullptr);
+  ASSERT_EQ(port.acquire(), 0);
+  ASSERT_TRUE(port.wait_rerouted(2000ms));
+  const auto pkt = bth_for_qpn(7u << kQpnSlotShift | 3);
+  auto park = [&] {
+    for (int i = 0; i < 4; ++i) {
+      port.poll();
+      port.poll_idle();
+    }
+  };
+  // Found, then away polling memory (this thread runs) while a datagram waits: the recheck
+  // gives the socket back and it arrives on the port's thread.
+  size_t expect = 0;
+  auto away_until_it_arrives = [&] {
+    send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+    ++expect;
+    for (auto end = std::chrono::steady_clock::now() + 5s;
+         arrived.load() < expect && std::chrono::steady_clock::now() < end;) {
+    }
+    return arrived.load() == expect;
+  };
+  for (int round = 0; round < Port::kEagerVotes; ++round) {
+    park();
+    port.poll_found();
+    ASSERT_TRUE(away_until_it_arrives());
+  }
+  ASSERT_TRUE(port.eager());
+  park();
+  port.poll_found(false);
+  EXPECT_FALSE(port.parked()) << "eager, no ride: given back";
+  EXPECT_EQ(port.stats().kept_for_ride, 0u);
+  for (int miss = 0; miss < Port::kRideMisses; ++miss) {
+    park();
+    port.poll_found(true);
+    EXPECT_TRUE(port.parked()) << "a ride keeps it, miss " << miss;
+    ASSERT_TRUE(away_until_it_arrives()) << "miss " << miss;
+    EXPECT_FALSE(port.parked());
+  }
+  EXPECT_EQ(port.stats().kept_for_ride, uint64_t(Port::kRideMisses));
+  park();
+  port.poll_found(true);
+  EXPECT_FALSE(port.parked()) << "after " << Port::kRideMisses << " misses a ride keeps it no more";
+}
+
 // A thread asleep in ibv_get_cq_event sleeps on the group socket too (wait_begin): the
 // packet wakes it alone, and it receives the packet itself; after wait_end the port's
 // thread receives again.

@@ -716,7 +716,7 @@ void Port::poll_idle() {
   }
 }
 
-void Port::poll_found() {
+void Port::poll_found(bool rode) {
   last_poll_found_.store(true, std::memory_order_relaxed);
   // Kept parked: a loop that found completions is back on its CQs within microseconds (a
   // ping-pong's send and receive CQs), and giving the socket back and taking it again
@@ -724,6 +724,15 @@ void Port::poll_found() {
   // after completions (eager_unpark_) is it given back here.
   if (!eager_unpark_.load(std::memory_order_relaxed)) {
     if (!group_parked_.load(std::memory_order_relaxed)) idle_polls_.store(0, std::memory_order_relaxed);
+    return;
+  }
+  // The request that came with the completion is what the program went to poll memory
+  // for; the next comes after its reply, which takes the held ACK along.
+  const bool keep = rode && group_parked_.load(std::memory_order_relaxed) &&
+                    ride_misses_.load(std::memory_order_relaxed) < kRideMisses;
+  kept_for_ride_.store(keep, std::memory_order_relaxed);
+  if (keep) {
+    kept_for_ride_count_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   give_back();
@@ -800,6 +809,10 @@ void Port::recheck_give_back() {
     if (sample_cpu_ns_ >= 0 && ran_away >= grace / 16 &&
         recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
       if (eager_votes_.fetch_add(1) + 1 >= kEagerVotes) eager_unpark_.store(true);
+    // Kept for a ride and yet a datagram came before the reply: not a ping-pong.
+    if (kept_for_ride_.load(std::memory_order_relaxed) &&
+        recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
+      ride_misses_.fetch_add(1, std::memory_order_relaxed);
   }
   group_parked_.store(false, std::memory_order_release);
   idle_polls_.store(0, std::memory_order_relaxed);
@@ -954,6 +967,7 @@ PortStats Port::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   PortStats s = stats_;
   s.eager_unpark = eager_unpark_.load(std::memory_order_relaxed);
+  s.kept_for_ride = kept_for_ride_count_.load(std::memory_order_relaxed);
   return s;
 }
 

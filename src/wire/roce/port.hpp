@@ -102,6 +102,7 @@ struct PortStats {
   uint64_t coalesced = 0;        // datagrams that came in a UDP GRO super-datagram
   uint64_t parked = 0;           // times the socket was left to a polling application
   bool eager_unpark = false;     // a poll that found completions gives the socket back
+  uint64_t kept_for_ride = 0;    // ... but kept it: the peer's next request came with them
   uint64_t probe_rounds = 0;     // programs attached by this process
   uint32_t group_size = 0;       // members our last round found
 };
@@ -151,15 +152,22 @@ class Port {
   // with the application, which in a ping-pong polls again within microseconds; unless
   // once an application went away after completions (to poll memory for an RDMA WRITE,
   // say) and the recheck had to give the socket back: from then on (eager_unpark) every
-  // poll that finds completions gives it back at once, as a WRITE may come next.
+  // poll that finds completions gives it back at once, as a WRITE may come next. Unless
+  // `rode`: that poll's receive brought a request along with the completion and holds its
+  // ACK for the application's reply (a one-sided ping-pong's ACK rode with the peer's next
+  // WRITE): nothing more comes before the reply, so it stays parked, up to kRideMisses
+  // times that the recheck then found a datagram waiting for nobody.
   void poll_idle();
-  void poll_found();
+  void poll_found(bool rode = false);
+  // Whether completions give the socket back (see poll_found).
+  bool eager() const { return eager_unpark_.load(std::memory_order_relaxed); }
   // The application stops polling (it is about to sleep until a completion event): the
   // port's thread receives again at once.
   void poll_stop();
   // How many rechecks must see a program run away from its CQs after completions before
   // they give the socket back at once (poll_found).
   static constexpr int kEagerVotes = 2;
+  static constexpr int kRideMisses = 4;
   // Whether the socket is left to polling applications now.
   bool parked() const { return group_parked_.load(std::memory_order_seq_cst); }
   // While parked, the port's thread rechecks at most this far apart (0: never parks).
@@ -295,6 +303,9 @@ class Port {
   std::atomic<bool> last_poll_found_{false};  // the application's last poll found completions
   std::atomic<bool> eager_unpark_{false};     // see poll_found
   std::atomic<int> eager_votes_{0};           // rechecks that saw it (recheck_give_back)
+  std::atomic<bool> kept_for_ride_{false};    // the last found poll kept it (poll_found)
+  std::atomic<int> ride_misses_{0};           // ... and the recheck then found it a miss
+  std::atomic<uint64_t> kept_for_ride_count_{0};
   // The process's CPU time at the park or the last recheck (park_mu_): whether it ran
   // while it was away from its CQs (recheck_give_back).
   int64_t sample_cpu_ns_ = -1;
