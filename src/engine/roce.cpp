@@ -1026,9 +1026,15 @@ void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt);
 void on_datagram(const rw::Datagram& d) {
   rw::IcrcContext ctx = rw::IcrcContext::from_gids(d.src.bytes.data(), d.dst.bytes.data(),
                                                    d.src_port, roce_udp_port());
+  // The IPv4 ID expected: the one after the last datagram's. A UDP GSO send's segments
+  // carry 0, 1, 2...; the check then needs no search (icrc_check; 0 is tried too).
+  thread_local uint16_t t_next_ipv4_id = 0;
+  ctx.ipv4_id = t_next_ipv4_id;
   rw::Packet pkt;
   bool decoded = rw::decode_checked(d.data, d.size, &pkt) == rw::DecodeError::kOk;
   rw::IcrcCheck icrc = decoded ? rw::icrc_check(ctx, d.data, d.size) : rw::IcrcCheck{};
+  ctx.ipv4_id = 0;
+  if (icrc.ok()) t_next_ipv4_id = uint16_t(icrc.ipv4_id + 1);
   if (rw::PcapWriter* t = trace()) {
     // With the sender's IPv4 ID where the check found it, so the frame's ICRC holds.
     if (icrc.ok()) {

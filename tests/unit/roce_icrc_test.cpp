@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "wire/roce/icrc.hpp"
@@ -185,6 +186,62 @@ TEST(RoceIcrcTest, SomeIdCheckAcrossLengths) {
       EXPECT_EQ(check.ipv4_id, sender.ipv4_id) << len;
       d[d.size() / 2] ^= 0x10;
       EXPECT_FALSE(icrc_check(receiver, d.data(), d.size()).ok()) << len;
+    }
+  }
+}
+
+// The per-thread caches (the pseudo-header's CRC per flow and length with ID 0, the ID's
+// part per length) give what the whole computation gives: for an ID the thread has no
+// solver for yet and one it has, for flows and lengths taken in turns. And a receiver that
+// expects the sender's ID (on_datagram guesses the next of a GSO send) gets kExact with it;
+// a wrong guess still finds the ID.
+TEST(RoceIcrcTest, CachedPartsAgreeAndTheExpectedIdIsExact) {
+  std::vector<uint8_t> payload(1024);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 13 + 1);
+  auto datagram = [&](uint32_t len) {
+    Packet p;
+    p.opcode = kRc | kWriteOnly;
+    p.dest_qp = 0x77;
+    std::vector<uint8_t> d(datagram_bytes(p.opcode, len));
+    EXPECT_EQ(encode(p, payload.data(), len, d.data(), d.size()), d.size());
+    return d;
+  };
+  // What a fresh thread computes (no cache of any kind yet) is the reference.
+  auto fresh = [](const IcrcContext& c, const std::vector<uint8_t>& d) {
+    uint32_t v = 0;
+    std::thread([&] { v = icrc(c, d.data(), d.size() - 4); }).join();
+    return v;
+  };
+  const uint32_t lengths[] = {1024, 20, 1024, 512, 20};
+  for (int round = 0; round < 2; ++round) {
+    for (uint16_t port : {uint16_t(0xc001), uint16_t(0xc002)}) {
+      for (uint32_t len : lengths) {
+        auto d = datagram(len);
+        IcrcContext sender = IcrcContext::from_ipv4(kSrc4, kDst4, port);
+        sender.ipv4_id = uint16_t(len + port + round);
+        const uint32_t want = fresh(sender, d);
+        ASSERT_EQ(icrc(sender, d.data(), d.size() - 4), want) << len << " " << round;
+        icrc_fill(sender, d.data(), d.size());
+        IcrcContext receiver = sender;
+        const IcrcCheck exact = icrc_check(receiver, d.data(), d.size());
+        EXPECT_EQ(exact.result, IcrcCheck::kExact) << len;
+        EXPECT_EQ(exact.ipv4_id, sender.ipv4_id);
+        receiver.ipv4_id = uint16_t(sender.ipv4_id + 1);  // a wrong guess
+        const IcrcCheck found = icrc_check(receiver, d.data(), d.size());
+        EXPECT_EQ(found.result, IcrcCheck::kSomeIpv4Id) << len;
+        EXPECT_EQ(found.ipv4_id, sender.ipv4_id);
+        // Now this thread has the solver of this length: the sender's path with it agrees.
+        ASSERT_EQ(icrc(sender, d.data(), d.size() - 4), want) << len << " " << round;
+        // ID 0 under a guess is found too; another flow's datagram is not taken.
+        sender.ipv4_id = 0;
+        icrc_fill(sender, d.data(), d.size());
+        const IcrcCheck zero = icrc_check(receiver, d.data(), d.size());
+        EXPECT_TRUE(zero.ok());
+        EXPECT_EQ(zero.ipv4_id, 0);
+        IcrcContext other = receiver;
+        other.src_port ^= 3;
+        EXPECT_FALSE(icrc_check(other, d.data(), d.size()).ok()) << len;
+      }
     }
   }
 }

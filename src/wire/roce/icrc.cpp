@@ -152,10 +152,23 @@ struct IdSolver {
   size_t len = 0;  // the datagram length it is for; 0: empty
   uint32_t pivot_vec[32];
   uint32_t pivot_mix[32];
+  // What an ID's low and high byte add to the ICRC computed with ID 0 (id_delta).
+  uint32_t id_low[256];
+  uint32_t id_high[256];
+
+  uint32_t id_delta(uint16_t id) const { return id_low[id & 0xff] ^ id_high[id >> 8]; }
 
   void build(size_t datagram_len) {
     uint32_t v[17];
     id_contributions(datagram_len, v);
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      id_low[byte] = id_high[byte] = 0;
+      for (int bit = 0; bit < 8; ++bit) {
+        if (!(byte >> bit & 1)) continue;
+        id_low[byte] ^= v[bit];
+        id_high[byte] ^= v[bit + 8];
+      }
+    }
     memset(pivot_vec, 0, sizeof pivot_vec);
     memset(pivot_mix, 0, sizeof pivot_mix);
     for (int i = 0; i < 17; ++i) {
@@ -194,12 +207,55 @@ struct IdSolver {
 // lengths (a stream mostly has a handful: full MTUs, ACKs, its last packets).
 // On the heap, behind one pointer: libibverbs is loaded with dlopen (python, for one), and
 // glibc has only a little static TLS to spare for such a library.
+thread_local std::unique_ptr<IdSolver[]> t_solvers;
 const IdSolver& solver_for(size_t len) {
-  thread_local std::unique_ptr<IdSolver[]> cache;
-  if (!cache) cache = std::make_unique<IdSolver[]>(8);
-  IdSolver& slot = cache[(len / 4) % 8];  // valid datagrams are multiples of 4
+  if (!t_solvers) t_solvers = std::make_unique<IdSolver[]>(8);
+  IdSolver& slot = t_solvers[(len / 4) % 8];  // valid datagrams are multiples of 4
   if (slot.len != len) slot.build(len);
   return slot;
+}
+// The solver of `len` if this thread has it built, else nullptr (a sender of many lengths
+// would rebuild one per packet: it computes the pseudo-header with the ID instead).
+const IdSolver* solver_if_built(size_t len) {
+  if (!t_solvers) return nullptr;
+  const IdSolver& slot = t_solvers[(len / 4) % 8];
+  return slot.len == len ? &slot : nullptr;
+}
+
+// The CRC register after the pseudo-header of a datagram of `len` bytes with ctx's fields
+// but IPv4 ID 0: the same for every packet of a flow and length, so each thread keeps the
+// last few (an ID other than 0 is added at the end, IdSolver::id_delta: the CRC is affine).
+bool same_flow(const IcrcContext& a, const IcrcContext& b) {
+  return a.ipv6 == b.ipv6 && a.src_port == b.src_port && a.dst_port == b.dst_port &&
+         a.ipv4_df == b.ipv4_df && a.src_ip == b.src_ip && a.dst_ip == b.dst_ip;
+}
+uint32_t pseudo_reg(const IcrcContext& ctx, size_t len) {
+  struct Entry {
+    IcrcContext key;
+    size_t len = 0;
+    uint32_t reg = 0;
+  };
+  thread_local std::unique_ptr<Entry[]> cache;  // on the heap: see solver_for
+  if (!cache) cache = std::make_unique<Entry[]>(4);
+  Entry& e = cache[(len / 4) % 4];
+  if (e.len == len && same_flow(e.key, ctx)) return e.reg;
+  e.key = ctx;
+  e.key.ipv4_id = 0;
+  e.len = len;
+  uint8_t h[kMaxPseudoBytes];
+  e.reg = crc32_update(0xffffffff, h, pseudo_header(e.key, len, h));
+  return e.reg;
+}
+
+// The datagram's own bytes (BTH up to the ICRC, `n` of them) onto reg, byte 4 of the BTH
+// masked: two CRC runs, the first 16 bytes from a masked copy.
+uint32_t body_crc(uint32_t reg, const uint8_t* d, size_t n) {
+  uint8_t head[16];
+  const size_t h = n < sizeof head ? n : sizeof head;
+  memcpy(head, d, h);
+  if (h > 4) head[4] = 0xff;  // FECN, BECN and reserved bits: variant
+  reg = crc32_update(reg, head, h);
+  return crc32_update(reg, d + h, n - h);
 }
 
 }  // namespace
@@ -221,7 +277,9 @@ __attribute__((target("pclmul,sse4.1"))) inline __m128i load16(const uint8_t* at
 }
 
 // Four 128-bit lanes (64 bytes folded so far, the rest `p`, `n` a multiple of 16) to the CRC.
-__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_lanes(__m128i x1, __m128i x2, __m128i x3,
+// Always inlined: in the AVX2 path it is then VEX-encoded too (legacy SSE code right after
+// 256-bit code pays a state transition on some CPUs).
+__attribute__((target("pclmul,sse4.1"), always_inline)) inline uint32_t crc32_lanes(__m128i x1, __m128i x2, __m128i x3,
                                                                 __m128i x4, const uint8_t* p,
                                                                 size_t n) {
   const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
@@ -295,10 +353,59 @@ SV_AVX512_CLMUL uint32_t crc32_vclmul(uint32_t reg, const uint8_t* p, size_t n) 
 }
 #undef SV_AVX512_CLMUL
 
+// The same with AVX2 VPCLMULQDQ (CPUs with it and without AVX-512): a 256-bit register is
+// two lanes, four of them take 128 bytes a step, each folded 1024 bits on (x^992 and x^1056
+// mod P); then the four fold into one 256 bits apart (x^224, x^288), and its two lanes
+// finish as the PCLMULQDQ path's last lanes do. n >= 128 and a multiple of 16.
+#define SV_AVX2_CLMUL __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1")))
+SV_AVX2_CLMUL inline __m256i clmul_fold256(__m256i x, __m256i k) {
+  return _mm256_xor_si256(_mm256_clmulepi64_epi128(x, k, 0x00), _mm256_clmulepi64_epi128(x, k, 0x11));
+}
+
+SV_AVX2_CLMUL inline __m256i load32(const uint8_t* at) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+}
+
+SV_AVX2_CLMUL uint32_t crc32_vclmul256(uint32_t reg, const uint8_t* p, size_t n) {
+  const __m256i k1024 = _mm256_set_epi64x(0x14a7fe880, 0x1e88ef372, 0x14a7fe880, 0x1e88ef372);
+  const __m256i k256 = _mm256_set_epi64x(0x15a546366, 0x0f1da05aa, 0x15a546366, 0x0f1da05aa);
+  __m256i a0 = _mm256_xor_si256(load32(p), _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(reg))));
+  __m256i a1 = load32(p + 32), a2 = load32(p + 64), a3 = load32(p + 96);
+  p += 128;
+  n -= 128;
+  for (; n >= 128; n -= 128, p += 128) {
+    a0 = _mm256_xor_si256(clmul_fold256(a0, k1024), load32(p));
+    a1 = _mm256_xor_si256(clmul_fold256(a1, k1024), load32(p + 32));
+    a2 = _mm256_xor_si256(clmul_fold256(a2, k1024), load32(p + 64));
+    a3 = _mm256_xor_si256(clmul_fold256(a3, k1024), load32(p + 96));
+  }
+  a0 = _mm256_xor_si256(clmul_fold256(a0, k256), a1);
+  a0 = _mm256_xor_si256(clmul_fold256(a0, k256), a2);
+  a0 = _mm256_xor_si256(clmul_fold256(a0, k256), a3);
+  // Zero lanes fold to zero: the 32 bytes left are the last two of four.
+  const __m128i zero = _mm_setzero_si128();
+  return crc32_lanes(zero, zero, _mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1), p, n);
+}
+#undef SV_AVX2_CLMUL
+
+// SOFTVERBS_NO_VPCLMUL=1 leaves both VPCLMULQDQ paths aside (tests of the plain one).
+bool vpclmul_allowed() {
+  static const bool yes = !std::getenv("SOFTVERBS_NO_VPCLMUL");
+  return yes;
+}
+
 bool have_vclmul() {
   static const bool yes = __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("vpclmulqdq") && !std::getenv("SOFTVERBS_NO_AVX512");
+                          __builtin_cpu_supports("vpclmulqdq") &&
+                          !std::getenv("SOFTVERBS_NO_AVX512") && vpclmul_allowed();
+  return yes;
+}
+
+bool have_vclmul256() {
+  static const bool yes = __builtin_cpu_supports("avx2") &&
+                          __builtin_cpu_supports("vpclmulqdq") &&
+                          __builtin_cpu_supports("pclmul") && vpclmul_allowed();
   return yes;
 }
 
@@ -317,6 +424,11 @@ uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
   if (n >= 256 && have_vclmul()) {
     size_t bulk = n & ~size_t{15};
     reg = crc32_vclmul(reg, data, bulk);
+    data += bulk;
+    n -= bulk;
+  } else if (n >= 128 && have_vclmul256()) {
+    size_t bulk = n & ~size_t{15};
+    reg = crc32_vclmul256(reg, data, bulk);
     data += bulk;
     n -= bulk;
   } else if (n >= 64 && have_clmul()) {
@@ -361,9 +473,15 @@ IcrcContext IcrcContext::from_ipv4(const uint8_t src[4], const uint8_t dst[4],
 }
 
 IcrcBuilder::IcrcBuilder(const IcrcContext& ctx, size_t len) {
-  uint8_t pseudo[kMaxPseudoBytes];
-  const size_t n = pseudo_header(ctx, len, pseudo);
-  reg_ = crc32_update(0xffffffff, pseudo, n);
+  if (ctx.ipv6 || ctx.ipv4_id == 0) {
+    reg_ = pseudo_reg(ctx, len);
+  } else if (const IdSolver* s = solver_if_built(len)) {
+    reg_ = pseudo_reg(ctx, len);
+    id_delta_ = s->id_delta(ctx.ipv4_id);
+  } else {
+    uint8_t pseudo[kMaxPseudoBytes];
+    reg_ = crc32_update(0xffffffff, pseudo, pseudo_header(ctx, len, pseudo));
+  }
 }
 
 void IcrcBuilder::add(const uint8_t* data, size_t n) {
@@ -382,7 +500,10 @@ void IcrcBuilder::add(const uint8_t* data, size_t n) {
 }
 
 uint32_t icrc(const IcrcContext& ctx, const uint8_t* dgram, size_t len_without_icrc) {
-  IcrcBuilder b(ctx, len_without_icrc + kIcrcBytes);
+  const size_t len = len_without_icrc + kIcrcBytes;
+  if (ctx.ipv6 || ctx.ipv4_id == 0)
+    return ~body_crc(pseudo_reg(ctx, len), dgram, len_without_icrc);
+  IcrcBuilder b(ctx, len);
   b.add(dgram, len_without_icrc);
   return b.value();
 }
@@ -405,19 +526,28 @@ bool icrc_check_exact(const IcrcContext& ctx, const uint8_t* dgram, size_t len) 
 IcrcCheck icrc_check(const IcrcContext& ctx, const uint8_t* dgram, size_t len) {
   IcrcCheck check;
   if (len < kIcrcBytes || len > kMaxDatagramBytes) return check;
-  const uint32_t computed = icrc(ctx, dgram, len - kIcrcBytes);
-  const uint32_t stored = icrc_stored(dgram, len);
-  if (computed == stored) {
+  // One pass with ID 0 (and ctx's DF); what the sender's ID must add to it is `target`.
+  const uint32_t computed = ~body_crc(pseudo_reg(ctx, len), dgram, len - kIcrcBytes);
+  const uint32_t target = computed ^ icrc_stored(dgram, len);
+  const uint16_t id = ctx.ipv6 ? 0 : ctx.ipv4_id;
+  if (target == 0 && id == 0) {
     check.result = IcrcCheck::kExact;
     check.ipv4_id = ctx.ipv4_id;
     check.ipv4_df = ctx.ipv4_df;
     return check;
   }
   if (ctx.ipv6 || len > kMaxDatagramBytes - 20) return check;
+  const IdSolver& solver = solver_for(len);
+  if (id != 0 && solver.id_delta(id) == target) {  // the ID ctx expected
+    check.result = IcrcCheck::kExact;
+    check.ipv4_id = id;
+    check.ipv4_df = ctx.ipv4_df;
+    return check;
+  }
   uint32_t flips;
-  if (!solver_for(len).solve(computed ^ stored, &flips)) return check;
+  if (!solver.solve(target, &flips)) return check;
   check.result = IcrcCheck::kSomeIpv4Id;
-  check.ipv4_id = uint16_t(ctx.ipv4_id ^ (flips & 0xffff));
+  check.ipv4_id = uint16_t(flips & 0xffff);
   check.ipv4_df = ctx.ipv4_df != bool(flips >> 16);
   return check;
 }

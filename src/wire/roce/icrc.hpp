@@ -97,10 +97,11 @@ class IcrcBuilder {
   // `len` is the whole datagram's length, ICRC included (the IP and UDP lengths need it).
   IcrcBuilder(const IcrcContext& ctx, size_t len);
   void add(const uint8_t* data, size_t n);
-  uint32_t value() const { return ~reg_; }  // as icrc() returns it
+  uint32_t value() const { return ~reg_ ^ id_delta_; }  // as icrc() returns it
 
  private:
   uint32_t reg_;
+  uint32_t id_delta_ = 0;  // ctx's IPv4 ID, when reg_ started from the pseudo-header with 0
   size_t offset_ = 0;  // bytes of the datagram added so far
 };
 
