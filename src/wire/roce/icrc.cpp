@@ -473,9 +473,13 @@ IcrcContext IcrcContext::from_ipv4(const uint8_t src[4], const uint8_t dst[4],
 }
 
 IcrcBuilder::IcrcBuilder(const IcrcContext& ctx, size_t len) {
+  // A sender's IDs other than 0 are a UDP GSO send's segment numbers: from the 16th segment
+  // of one length on, it is a stream, worth the per-length tables (about one 4 KiB CRC).
+  constexpr uint16_t kStreamSegments = 16;
   if (ctx.ipv6 || ctx.ipv4_id == 0) {
     reg_ = pseudo_reg(ctx, len);
-  } else if (const IdSolver* s = solver_if_built(len)) {
+  } else if (const IdSolver* s = ctx.ipv4_id >= kStreamSegments ? &solver_for(len)
+                                                                : solver_if_built(len)) {
     reg_ = pseudo_reg(ctx, len);
     id_delta_ = s->id_delta(ctx.ipv4_id);
   } else {

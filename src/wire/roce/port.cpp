@@ -955,17 +955,16 @@ bool Port::pass_to(const Datagram& d, int slot) {
 }
 
 void Port::deliver(const Datagram& d) {
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.delivered;
-    if (d.forwarded) ++stats_.forwarded_in;
-  }
+  delivered_.fetch_add(1, std::memory_order_relaxed);
+  if (d.forwarded) forwarded_in_.fetch_add(1, std::memory_order_relaxed);
   if (on_datagram_) on_datagram_(d);
 }
 
 PortStats Port::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   PortStats s = stats_;
+  s.delivered = delivered_.load(std::memory_order_relaxed);
+  s.forwarded_in = forwarded_in_.load(std::memory_order_relaxed);
   s.eager_unpark = eager_unpark_.load(std::memory_order_relaxed);
   s.kept_for_ride = kept_for_ride_count_.load(std::memory_order_relaxed);
   return s;

@@ -284,6 +284,8 @@ class Port {
   // Stats and round counts: written by the port's thread, read anywhere.
   mutable std::mutex stats_mu_;
   PortStats stats_;
+  // Counted per datagram, on the receive path: atomics, not stats_mu_ (stats() adds them).
+  std::atomic<uint64_t> delivered_{0}, forwarded_in_{0};
   uint64_t rounds_started_ = 0;
   uint64_t rounds_done_ = 0;
   uint64_t reroute_ticket_ = 0;  // the round wait_rerouted waits for
