@@ -170,7 +170,10 @@ bool gso_enabled() {
 // Payload is gathered from registered memory (sendmsg's iovecs) rather than copied into the
 // batch first, except when each datagram must be whole in one place: for the trace, and for
 // the fault injector (which also turns GSO off).
-bool gather_enabled() { return !faults_on() && !trace(); }
+bool gather_enabled() {
+  static const bool off = std::getenv("SOFTVERBS_NO_GATHER") != nullptr;
+  return !off && !faults_on() && !trace();
+}
 
 OutBatch& out_batch() {
   thread_local std::unique_ptr<OutBatch> batch;
@@ -540,7 +543,7 @@ struct RoceLink final : packet::Env {
     const uint8_t pad = rw::pad_bytes(pkt.payload_len);
     const size_t off = header + pkt.payload_len + pad + rw::kIcrcBytes;  // the datagram
     if (!header || off > kMaxDatagram) return;
-    const size_t iovs = gather ? payload.size() + 2 : 1;  // header, payload..., trailer
+    size_t iovs = gather ? payload.size() + 2 : 1;  // header, payload..., trailer
     uint32_t flow = qp->qpn();  // one source socket per QP keeps its packets in order
     rw::IpAddress src = rw::IpAddress::from_gid(s.raw);
     rw::IpAddress dst = rw::IpAddress::from_gid(d.raw);
@@ -587,7 +590,15 @@ struct RoceLink final : packet::Env {
       std::memset(buf + at, 0, pad + rw::kIcrcBytes);
       rw::icrc_fill(ctx, buf, off);
       if (rw::PcapWriter* t = trace()) t->write(ctx, buf, off);
-      *iov++ = {buf, off};
+      // Right after the group's last datagram: one iovec for the group's bytes (the kernel
+      // then copies a GSO send in one run, not a datagram at a time).
+      iovec* prev = batch.niov > 0 ? &batch.iov[batch.niov - 1] : nullptr;
+      if (g != batch.n && prev && static_cast<uint8_t*>(prev->iov_base) + prev->iov_len == buf) {
+        prev->iov_len += off;
+        iovs = 0;
+      } else {
+        *iov++ = {buf, off};
+      }
       batch.used += off;
     }
     batch.niov += iovs;

@@ -439,6 +439,7 @@ uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
   } else if (n >= 256) {
     return ~static_cast<uint32_t>(::crc32(~reg, data, static_cast<uInt>(n)));
   }
+  if (n == 0) return reg;
   const CrcTables& c = tables();
   for (; n >= 8; n -= 8, data += 8) {
     const uint32_t lo = reg ^ load_le32(data);
@@ -488,6 +489,11 @@ IcrcBuilder::IcrcBuilder(const IcrcContext& ctx, size_t len) {
   }
 }
 
+void IcrcBuilder::add_all(const uint8_t* dgram, size_t n) {
+  reg_ = body_crc(reg_, dgram, n);
+  offset_ = n;
+}
+
 void IcrcBuilder::add(const uint8_t* data, size_t n) {
   constexpr size_t kMaskedBthByte = 4;  // FECN, BECN and reserved bits: variant
   if (offset_ <= kMaskedBthByte && offset_ + n > kMaskedBthByte) {
@@ -505,10 +511,8 @@ void IcrcBuilder::add(const uint8_t* data, size_t n) {
 
 uint32_t icrc(const IcrcContext& ctx, const uint8_t* dgram, size_t len_without_icrc) {
   const size_t len = len_without_icrc + kIcrcBytes;
-  if (ctx.ipv6 || ctx.ipv4_id == 0)
-    return ~body_crc(pseudo_reg(ctx, len), dgram, len_without_icrc);
   IcrcBuilder b(ctx, len);
-  b.add(dgram, len_without_icrc);
+  b.add_all(dgram, len_without_icrc);
   return b.value();
 }
 

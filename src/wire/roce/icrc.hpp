@@ -97,6 +97,8 @@ class IcrcBuilder {
   // `len` is the whole datagram's length, ICRC included (the IP and UDP lengths need it).
   IcrcBuilder(const IcrcContext& ctx, size_t len);
   void add(const uint8_t* data, size_t n);
+  // The whole datagram at once (nothing added before), as icrc() does.
+  void add_all(const uint8_t* dgram, size_t n);
   uint32_t value() const { return ~reg_ ^ id_delta_; }  // as icrc() returns it
 
  private:
