@@ -460,9 +460,27 @@ TEST(RocePort, AWaiterSleepingOnTheSocketIsWokenAloneAndReceives) {
   EXPECT_EQ(port.poll(), 1);
   EXPECT_EQ(inbox.count(), 1u);
   EXPECT_FALSE(on_port_thread);
+  // After the wait the socket stays with the application (an event loop is back within
+  // microseconds), also when the thread that waited arms a CQ; another thread's arming
+  // gives it back at once.
   port.wait_end();
+  EXPECT_TRUE(port.parked());
+  port.poll_stop();
+  EXPECT_TRUE(port.parked()) << "armed by the thread that just waited";
+  std::thread([&] { port.poll_stop(); }).join();
+  EXPECT_FALSE(port.parked()) << "armed by a thread that never waited";
   send_plain(IpAddress::loopback_v4(), udp_port, pkt);
   ASSERT_TRUE(inbox.wait_for(2));
+  EXPECT_TRUE(on_port_thread);
+  // Parked again by a wait that ends, and then the program does not come back: the
+  // recheck gives the socket back within two park graces and the port's thread receives.
+  on_port_thread = false;
+  port.wait_begin();
+  port.wait_end();
+  send_plain(IpAddress::loopback_v4(), udp_port, pkt);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(inbox.count(), 2u) << "it waits for the application";
+  ASSERT_TRUE(inbox.wait_for(3, 4000ms));
   EXPECT_TRUE(on_port_thread);
 }
 

@@ -752,7 +752,13 @@ void Port::give_back() {
   idle_polls_.store(kParkAfterIdlePolls - 1, std::memory_order_relaxed);
 }
 
+namespace {
+// When this thread last came out of Port::wait_end (steady ns; 0: never).
+thread_local int64_t t_wait_ended_ns = 0;
+}  // namespace
+
 void Port::poll_stop() {
+  if (t_wait_ended_ns != 0 && steady_ns() - t_wait_ended_ns < config_.park_grace_ns) return;
   app_polled_ns_.store(0, std::memory_order_relaxed);
   give_back();
 }
@@ -764,7 +770,9 @@ void Port::wait_begin() {
 
 void Port::wait_end() {
   waiters_.fetch_sub(1, std::memory_order_acq_rel);
-  give_back();  // unless another thread still waits
+  // Kept parked (see port.hpp); counted as a poll, so the recheck waits a grace for it.
+  t_wait_ended_ns = steady_ns();
+  app_polled_ns_.store(t_wait_ended_ns, std::memory_order_relaxed);
 }
 
 // After a wake-up on the group socket (one-shot): armed again unless an application took

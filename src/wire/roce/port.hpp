@@ -162,7 +162,8 @@ class Port {
   // Whether completions give the socket back (see poll_found).
   bool eager() const { return eager_unpark_.load(std::memory_order_relaxed); }
   // The application stops polling (it is about to sleep until a completion event): the
-  // port's thread receives again at once.
+  // port's thread receives again at once. Unless this thread came out of wait_end within
+  // the park grace: it sleeps in ibv_get_cq_event in a loop, where it receives itself.
   void poll_stop();
   // How many rechecks must see a program run away from its CQs after completions before
   // they give the socket back at once (poll_found).
@@ -175,6 +176,12 @@ class Port {
   // A thread that sleeps in ibv_get_cq_event on the group socket too (group_fd), and
   // receives what wakes it with poll(): meanwhile the port's thread is not woken for packets.
   int group_fd() const { return fd_group_; }
+  // After the wait the socket stays with the application: an event loop (get the event,
+  // poll, post, arm, wait again) is back within microseconds and receives what came
+  // meanwhile itself; giving the socket back and taking it again cost two epoll_ctl calls
+  // and woke the port's thread for the packets of those microseconds (~0.8 a message in
+  // ib_send_lat -e), which then fought the application for the socket's lock. If the
+  // program does not come back, the recheck gives the socket back within two park graces.
   void wait_begin();
   void wait_end();
 
