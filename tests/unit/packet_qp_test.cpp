@@ -338,6 +338,20 @@ TEST(PacketQp, AckReqOnLastPacketAndPeriodically) {
   EXPECT_EQ(count_opcode(p.b, rw::kAck), 4);
 }
 
+// Without ACKs the requester stops at its window: kMaxUnackedPsns PSNs by default, what
+// set_max_unacked_psns allows (the engine's wider one where receive buffers are large).
+TEST(PacketQp, TheWindowCapsPacketsInFlightWithoutAnAck) {
+  for (uint32_t window : {pk::kMaxUnackedPsns, pk::kMaxUnackedPsnsLarge}) {
+    Pair p;
+    if (window != pk::kMaxUnackedPsns) p.a.qp.set_max_unacked_psns(window);
+    p.b.post_recv(1, 0, 1 << 20);
+    p.a.qp.post_send(wqe(1, IBV_WR_SEND, {p.a.iov(0, 400 * 1024)}));
+    EXPECT_EQ(p.a.sent.size(), window);
+    ASSERT_TRUE(p.link.run([&] { return p.a.scq.size() == 1; }));
+    EXPECT_EQ(p.a.sent.size(), 400u);
+  }
+}
+
 // --- RNR -----------------------------------------------------------------------------
 
 TEST(PacketQp, RnrNakWaitsAndRetriesUntilAReceiveIsPosted) {

@@ -223,11 +223,13 @@ class Env {
   // ---- end
 };
 
-// Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS), and how many
+// Requests allowed in flight without an ACK (as rxe's RXE_MAX_UNACKED_PSNS; the owner may
+// allow kMaxUnackedPsnsLarge, set_max_unacked_psns), and how many
 // packets go without AckReq before one asks for an ACK (rxe's RXE_MAX_PKT_PER_ACK is 64;
 // 62 is what one UDP GSO send holds at a 1 KiB path MTU, so that in a stream each ACK
 // opens the window for one GSO send, not for one of 57 packets and one of 7).
 inline constexpr uint32_t kMaxUnackedPsns = 128;
+inline constexpr uint32_t kMaxUnackedPsnsLarge = 256;
 inline constexpr uint32_t kPacketsPerAckReq = 62;
 inline constexpr uint32_t kGrhBytes = 40;
 
@@ -241,6 +243,9 @@ class PacketQp {
   PacketQp(Env& env, QpType type, uint32_t qp_num, bool sq_sig_all = false);
   // Makes an RC QP an XRC INI or TGT QP (before any traffic).
   void set_xrc(XrcRole role) { xrc_ = role; }
+  // How many PSNs past the oldest unacknowledged one the requester may send (kMaxUnackedPsns
+  // unless the owner knows the receivers' buffers hold more).
+  void set_max_unacked_psns(uint32_t psns) { max_unacked_psns_ = psns; }
 
   // Applies ibv_modify_qp's attributes (state last). Transition legality is the owner's
   // business; bad values give EINVAL. Entering ERR (here or on a fatal error) flushes both
@@ -363,6 +368,7 @@ class PacketQp {
   uint8_t min_rnr_timer_ = 12;
   uint8_t max_rd_atomic_ = 1;
   uint8_t max_dest_rd_atomic_ = 1;
+  uint32_t max_unacked_psns_ = kMaxUnackedPsns;
 
   // Requester and completer.
   std::deque<SendEntry> sq_;

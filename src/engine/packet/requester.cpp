@@ -2,7 +2,7 @@
 // into FIRST/MIDDLE/LAST or ONLY packets with consecutive 24-bit PSNs; a READ takes one PSN
 // per response packet it asks for. PSNs are given when the WQE is posted, so that a
 // retransmission rebuilds any packet from its WQE (go-back-N needs nothing else kept).
-// Pacing as rxe: at most kMaxUnackedPsns PSNs past the oldest unacknowledged one, at most
+// Pacing as rxe: at most max_unacked_psns_ PSNs past the oldest unacknowledged one, at most
 // max_rd_atomic READs/atomics outstanding, AckReq on the last packet of a message and
 // every kPacketsPerAckReq packets.
 #include <algorithm>
@@ -146,7 +146,7 @@ void PacketQp::pump() {
     const bool rd_atomic = is_rd_atomic(e.wr.opcode);
     uint32_t psn = psn_add(e.first_psn, cursor_pkt_);
     if (rc) {
-      if (psn_diff(psn, comp_psn_) >= static_cast<int32_t>(kMaxUnackedPsns)) break;
+      if (psn_diff(psn, comp_psn_) >= static_cast<int32_t>(max_unacked_psns_)) break;
       if (!e.started) {
         // A fenced WQE waits for every earlier READ/atomic to finish.
         if ((e.wr.send_flags & IBV_SEND_FENCE) && rd_atomic_in_flight_ > 0) break;

@@ -263,6 +263,12 @@ int Port::acquire() {
   if (fd_group_ < 0) return fail(errno);
   if (setopt(fd_group_, SOL_SOCKET, SO_REUSEPORT, 1) != 0) return fail(errno);
   setopt(fd_group_, SOL_SOCKET, SO_RCVBUF, 4 << 20);  // capped by rmem_max; best effort
+  {
+    int rcvbuf = 0;
+    socklen_t len = sizeof rcvbuf;
+    if (getsockopt(fd_group_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) == 0 && rcvbuf > 0)
+      rcvbuf_bytes_.store(size_t(rcvbuf), std::memory_order_relaxed);
+  }
   setopt(fd_group_, IPPROTO_IP, IP_PKTINFO, 1);
   setopt(fd_group_, IPPROTO_IP, IP_RECVTOS, 1);
   // Multicast only for the groups this socket joined (join_group): with the default (1)

@@ -129,6 +129,9 @@ class Port {
   int acquire();
   void release();
   bool is_open() const { return fd_group_ >= 0; }
+  // The group socket's receive buffer, as the kernel set it (SO_RCVBUF asks 4 MiB; the
+  // kernel caps it at net.core.rmem_max and doubles it); 0 before the first open.
+  size_t receive_buffer_bytes() const { return rcvbuf_bytes_.load(std::memory_order_relaxed); }
 
   // Sends one datagram to (dst, udp_port). Returns 0 or -errno (-EMSGSIZE past the path
   // MTU: DF is set; -ENOTCONN when the port is not open).
@@ -293,6 +296,7 @@ class Port {
   PortStats stats_;
   // Counted per datagram, on the receive path: atomics, not stats_mu_ (stats() adds them).
   std::atomic<uint64_t> delivered_{0}, forwarded_in_{0};
+  std::atomic<size_t> rcvbuf_bytes_{0};
   uint64_t rounds_started_ = 0;
   uint64_t rounds_done_ = 0;
   uint64_t reroute_ticket_ = 0;  // the round wait_rerouted waits for
