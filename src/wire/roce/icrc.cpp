@@ -538,9 +538,9 @@ IcrcCheck icrc_check(const IcrcContext& ctx, const uint8_t* dgram, size_t len) {
   const uint32_t computed = ~body_crc(pseudo_reg(ctx, len), dgram, len - kIcrcBytes);
   const uint32_t target = computed ^ icrc_stored(dgram, len);
   const uint16_t id = ctx.ipv6 ? 0 : ctx.ipv4_id;
-  if (target == 0 && id == 0) {
-    check.result = IcrcCheck::kExact;
-    check.ipv4_id = ctx.ipv4_id;
+  if (target == 0) {  // ID 0, what a lone datagram of softverbs or rxe carries: no search
+    check.result = id == 0 ? IcrcCheck::kExact : IcrcCheck::kSomeIpv4Id;
+    check.ipv4_id = id == 0 ? ctx.ipv4_id : 0;
     check.ipv4_df = ctx.ipv4_df;
     return check;
   }

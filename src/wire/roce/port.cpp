@@ -818,14 +818,13 @@ void Port::recheck_give_back() {
   // out its clock) is not a pattern.
   if (last_poll_found_.load(std::memory_order_relaxed) && fd_group_ >= 0) {
     uint8_t byte;
+    const bool waiting = recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
     const int64_t ran = process_cpu_ns() - sample_cpu_ns_;
     const int64_t ran_away = ran - std::max<int64_t>(0, polled - sample_wall_ns_);
-    if (sample_cpu_ns_ >= 0 && ran_away >= grace / 16 &&
-        recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
+    if (waiting && sample_cpu_ns_ >= 0 && ran_away >= grace / 16)
       if (eager_votes_.fetch_add(1) + 1 >= kEagerVotes) eager_unpark_.store(true);
     // Kept for a ride and yet a datagram came before the reply: not a ping-pong.
-    if (kept_for_ride_.load(std::memory_order_relaxed) &&
-        recv(fd_group_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0)
+    if (waiting && kept_for_ride_.load(std::memory_order_relaxed))
       ride_misses_.fetch_add(1, std::memory_order_relaxed);
   }
   group_parked_.store(false, std::memory_order_release);
