@@ -218,6 +218,17 @@ thread_local bool t_write_request = false;
 // How many of a link's ACKs the port's thread held in a row that then left by the timer,
 // not with a reply, before it holds none any more.
 constexpr int kThreadHoldMisses = 3;
+// SOFTVERBS_WRITE_RIDE=1: the port's thread holds a plain WRITE's ACK for the reply
+// (RoceLink::hold_ack). Off by default: with it, hosts.trace's twoproc_inject under ASan
+// failed about one run in four (cq-overrun: QP_FATAL seen, the QP still RTS), not yet
+// understood (docs/roce.md, "One-sided ping-pongs").
+bool write_ride_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SOFTVERBS_WRITE_RIDE");
+    return v && *v == '1';
+  }();
+  return on;
+}
 // A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
 constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
 // Held back at most this many PSNs past the last ACK that left (the requester may have at
@@ -469,7 +480,7 @@ struct RoceLink final : packet::Env {
   bool hold_ack(const rw::Packet& pkt) {
     if (hold_bound_ns <= 0) return false;
     const bool by_app = t_app_receive && port().parked();
-    const bool by_thread = !t_app_poll && t_write_request && port().eager() &&
+    const bool by_thread = !t_app_poll && t_write_request && write_ride_enabled() && port().eager() &&
                            thread_hold_misses < kThreadHoldMisses;
     if (!by_app && !by_thread) return false;
     const uint32_t psn = pkt.psn & packet::kPsnMask;
