@@ -218,14 +218,12 @@ thread_local bool t_write_request = false;
 // How many of a link's ACKs the port's thread held in a row that then left by the timer,
 // not with a reply, before it holds none any more.
 constexpr int kThreadHoldMisses = 3;
-// SOFTVERBS_WRITE_RIDE=1: the port's thread holds a plain WRITE's ACK for the reply
-// (RoceLink::hold_ack). Off by default: with it, hosts.trace's twoproc_inject under ASan
-// failed about one run in four (cq-overrun: QP_FATAL seen, the QP still RTS), not yet
-// understood (docs/roce.md, "One-sided ping-pongs").
+// The port's thread holds a plain WRITE's ACK for the reply (RoceLink::hold_ack);
+// SOFTVERBS_WRITE_RIDE=0 turns that off (each WRITE ACKed at once, as before).
 bool write_ride_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SOFTVERBS_WRITE_RIDE");
-    return v && *v == '1';
+    return !(v && *v == '0');
   }();
   return on;
 }
@@ -1395,6 +1393,12 @@ size_t roce_in_flight(Qp* qp) {
   if (!link) return 0;
   std::lock_guard<std::mutex> lock(link->mu);
   return link->pq.send_queue_depth();
+}
+
+void roce_settle(Qp* qp) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link) return;
+  std::lock_guard<std::mutex> lock(link->mu);
 }
 
 bool roce_claim_gsi(Qp* qp) {

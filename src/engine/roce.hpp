@@ -32,6 +32,10 @@ void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask);
 bool roce_post(Qp* qp, SendWqe& w);
 // Send WQEs the link holds (sent, not yet completed): they count against max_send_wr.
 size_t roce_in_flight(Qp* qp);
+// Waits out the link's protocol call in progress, if any. A call that pushed an error
+// completion moves the QP to ERR before it lets the link go (sync_error): a reader of the
+// QP's state that saw that completion must see ERR after this (ibv_query_qp).
+void roce_settle(Qp* qp);
 // Where `softverbs stat` reads a QP's RoCE v2 link live (common/stat_segment.hpp's RoceHot):
 // the link object, its tag, and the offsets in it of its PSNs and send queue. False: the
 // QP has no link. Its tag reads kRoceLinkMagic while the link lives.

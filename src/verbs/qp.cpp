@@ -502,6 +502,9 @@ int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
     std::lock_guard<std::mutex> lock(qp->attr_mu);
     *attr = qp->attr;
   }
+  // A completion with an error may be polled while the port's thread still holds the link
+  // it came from, before the QP it failed is in ERR: wait for that.
+  engine::roce_settle(qp);
   auto st = static_cast<ibv_qp_state>(qp->state.load());
   attr->qp_state = st;
   attr->cur_qp_state = st;
