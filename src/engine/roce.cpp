@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/cm_port_name.hpp"
+#include "common/fast_tls.hpp"
 #include "core/check_hooks.hpp"
 #include "core/core.hpp"
 #include "core/device.hpp"
@@ -175,11 +176,7 @@ bool gather_enabled() {
   return !off && !faults_on() && !trace();
 }
 
-OutBatch& out_batch() {
-  thread_local std::unique_ptr<OutBatch> batch;
-  if (!batch) batch = std::make_unique<OutBatch>();
-  return *batch;
-}
+OutBatch& out_batch() { return fast_tls_heap<OutBatch, struct OutBatchTag>(); }
 
 uint16_t roce_udp_port() {
   // Tests on one machine may move the whole RoCE v2 wire to another port.
@@ -208,13 +205,13 @@ rw::Port& port() {
 // (roce_flush_held), a poll that finds completions after hold_bound_ns, and, when the
 // application stops calling, the parked socket's recheck (every park grace, 1 ms) or, for a
 // QP whose peer would resend sooner, the hold timer (kHoldTimerId).
-thread_local bool t_app_receive = false;  // this thread is in roce_poll and may hold ACKs
-thread_local bool t_app_poll = false;     // this thread is in roce_poll (not the port's)
+SV_FAST_TLS bool t_app_receive = false;  // this thread is in roce_poll and may hold ACKs
+SV_FAST_TLS bool t_app_poll = false;     // this thread is in roce_poll (not the port's)
 // The application's receive in roce_poll held an ACK back (roce_poll_result reads it).
-thread_local bool t_held_in_poll = false;
+SV_FAST_TLS bool t_held_in_poll = false;
 // The port's thread hands a plain RDMA WRITE's last packet to its link: its ACK may wait
 // for the application's reply (RoceLink::hold_ack).
-thread_local bool t_write_request = false;
+SV_FAST_TLS bool t_write_request = false;
 // How many of a link's ACKs the port's thread held in a row that then left by the timer,
 // not with a reply, before it holds none any more.
 constexpr int kThreadHoldMisses = 3;
@@ -1051,7 +1048,7 @@ void on_datagram(const rw::Datagram& d) {
                                                    d.src_port, roce_udp_port());
   // The IPv4 ID expected: the one after the last datagram's. A UDP GSO send's segments
   // carry 0, 1, 2...; the check then needs no search (icrc_check; 0 is tried too).
-  thread_local uint16_t t_next_ipv4_id = 0;
+  SV_FAST_TLS uint16_t t_next_ipv4_id = 0;
   ctx.ipv4_id = t_next_ipv4_id;
   rw::Packet pkt;
   bool decoded = rw::decode_checked(d.data, d.size, &pkt) == rw::DecodeError::kOk;

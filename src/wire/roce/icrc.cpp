@@ -5,10 +5,13 @@
 #include <immintrin.h>
 #include <zlib.h>
 
+#include <array>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+
+#include "common/fast_tls.hpp"
 
 namespace softverbs::wire::roce {
 namespace {
@@ -206,10 +209,10 @@ struct IdSolver {
 // sends every packet with a nonzero ID, so each thread keeps the solvers of the last few
 // lengths (a stream mostly has a handful: full MTUs, ACKs, its last packets).
 // On the heap, behind one pointer: libibverbs is loaded with dlopen (python, for one), and
-// glibc has only a little static TLS to spare for such a library.
-thread_local std::unique_ptr<IdSolver[]> t_solvers;
+// glibc has only a little static TLS to spare for such a library (common/fast_tls.hpp).
+SV_FAST_TLS IdSolver* t_solvers = nullptr;  // 8 of them
 const IdSolver& solver_for(size_t len) {
-  if (!t_solvers) t_solvers = std::make_unique<IdSolver[]>(8);
+  if (!t_solvers) t_solvers = fast_tls_heap<std::array<IdSolver, 8>, struct SolverTag>().data();
   IdSolver& slot = t_solvers[(len / 4) % 8];  // valid datagrams are multiples of 4
   if (slot.len != len) slot.build(len);
   return slot;
@@ -235,8 +238,7 @@ uint32_t pseudo_reg(const IcrcContext& ctx, size_t len) {
     size_t len = 0;
     uint32_t reg = 0;
   };
-  thread_local std::unique_ptr<Entry[]> cache;  // on the heap: see solver_for
-  if (!cache) cache = std::make_unique<Entry[]>(4);
+  auto& cache = fast_tls_heap<std::array<Entry, 4>, struct PseudoTag>();  // see solver_for
   Entry& e = cache[(len / 4) % 4];
   if (e.len == len && same_flow(e.key, ctx)) return e.reg;
   e.key = ctx;

@@ -217,7 +217,11 @@ DecodeError decode_checked(const uint8_t* dgram, size_t len, Packet* out) {
   if (body != 0 && !(info.flags & kHasPayload)) return DecodeError::kPayloadNotAllowed;
   if (pad != 0 && (!pad_allowed(info.flags) || pad > body)) return DecodeError::kBadPad;
 
-  Packet p;
+  // Straight into *out, reset from a constant: a `Packet p;` copied out at the end was
+  // 5 % of a receiving port thread (zeroed by `rep stos`, then read back from the stack).
+  static const Packet kFresh{};
+  Packet& p = *out;
+  p = kFresh;
   p.opcode = dgram[0];
   p.solicited = dgram[1] & 0x80;
   p.mig_req = dgram[1] & 0x40;
@@ -277,7 +281,6 @@ DecodeError decode_checked(const uint8_t* dgram, size_t len, Packet* out) {
   }
   p.payload_len = uint32_t(body - pad);
   p.payload = p.payload_len != 0 ? h : nullptr;
-  *out = p;
   return DecodeError::kOk;
 }
 

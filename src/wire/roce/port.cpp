@@ -25,6 +25,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/fast_tls.hpp"
 #include "common/state_dir.hpp"
 #include "wire/registry.hpp"
 #include "wire/roce/faults.hpp"
@@ -760,7 +761,7 @@ void Port::give_back() {
 
 namespace {
 // When this thread last came out of Port::wait_end (steady ns; 0: never).
-thread_local int64_t t_wait_ended_ns = 0;
+SV_FAST_TLS int64_t t_wait_ended_ns = 0;
 }  // namespace
 
 void Port::poll_stop() {
