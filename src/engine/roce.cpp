@@ -30,6 +30,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -223,6 +224,16 @@ bool write_ride_enabled() {
     return !(v && *v == '0');
   }();
   return on;
+}
+// hosts.twoproc.inject.error_sync: SOFTVERBS_TEST_ERROR_SYNC_DELAY_US=N sleeps N µs between
+// a link's error completion and its QP's move to ERR (sync_error), the window in which a
+// program that polled the completion must still find the QP in ERR (roce_settle).
+void test_error_sync_delay() {
+  static const long us = [] {
+    const char* v = std::getenv("SOFTVERBS_TEST_ERROR_SYNC_DELAY_US");
+    return v ? std::strtol(v, nullptr, 10) : 0L;
+  }();
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 // A plain ACK (credits unlimited), the only kind held back; NAKs and responses never are.
 constexpr uint8_t kPlainAck = rw::kAethAck | 0x1f;
@@ -864,8 +875,10 @@ struct RoceLink final : packet::Env {
   // ... and sends what the call produced.
   void sync_error() {
     // ERR before the NAK leaves: a requester that saw it finds this QP in ERR.
-    if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR)
+    if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR) {
+      test_error_sync_delay();
       set_error(qp, error_event ? int(*error_event) : -1);
+    }
     else if (error_event)
       raise_qp_event(qp, *error_event);
     error_event.reset();
