@@ -6,24 +6,43 @@
 // FastTlsHeap).
 #pragma once
 
-#include <memory>
-
 #define SV_FAST_TLS __attribute__((tls_model("initial-exec"))) thread_local
 
 namespace softverbs {
 
-// One T per thread, on the heap, reached through an initial-exec pointer; freed when the
-// thread exits. Tag tells the users apart. (A thread_local std::unique_ptr would be read
-// through __tls_get_addr, for its destructor's guard.)
-template <class T, class Tag, class... Args>
-T& fast_tls_heap(Args&&... args) {
-  SV_FAST_TLS static T* fast = nullptr;
-  if (fast) [[likely]]
-    return *fast;
-  thread_local std::unique_ptr<T> owner;
-  owner = std::make_unique<T>(std::forward<Args>(args)...);
-  fast = owner.get();
-  return *fast;
-}
+// One T per thread, on the heap, reached through an initial-exec pointer and freed when the
+// thread exits (a thread_local std::unique_ptr would be read through __tls_get_addr, for
+// its destructor's guard). Tag tells apart users of one T. Asked for again while the thread is
+// being torn down (a later thread_local destructor, or the main thread's exit handlers),
+// it makes a new T that is never freed rather than hand out the freed one.
+template <class T, class Tag = T>
+class FastTlsHeap {
+ public:
+  // This thread's T, or nullptr if it has none yet.
+  static T* peek() { return fast_; }
+  static T& get() {
+    if (fast_) [[likely]]
+      return *fast_;
+    if (gone_) return *(fast_ = new T());
+    thread_local Owner owner;
+    owner.made = new T();
+    fast_ = owner.made;
+    return *fast_;
+  }
+
+ private:
+  struct Owner {
+    T* made = nullptr;
+    ~Owner() {
+      delete made;
+      fast_ = nullptr;
+      gone_ = true;
+    }
+  };
+  __attribute__((tls_model("initial-exec"))) static inline thread_local constinit T* fast_ =
+      nullptr;
+  __attribute__((tls_model("initial-exec"))) static inline thread_local constinit bool gone_ =
+      false;
+};
 
 }  // namespace softverbs

@@ -177,7 +177,7 @@ bool gather_enabled() {
   return !off && !faults_on() && !trace();
 }
 
-OutBatch& out_batch() { return fast_tls_heap<OutBatch, struct OutBatchTag>(); }
+OutBatch& out_batch() { return FastTlsHeap<OutBatch>::get(); }
 
 uint16_t roce_udp_port() {
   // Tests on one machine may move the whole RoCE v2 wire to another port.

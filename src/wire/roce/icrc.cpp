@@ -210,18 +210,18 @@ struct IdSolver {
 // lengths (a stream mostly has a handful: full MTUs, ACKs, its last packets).
 // On the heap, behind one pointer: libibverbs is loaded with dlopen (python, for one), and
 // glibc has only a little static TLS to spare for such a library (common/fast_tls.hpp).
-SV_FAST_TLS IdSolver* t_solvers = nullptr;  // 8 of them
+using Solvers = FastTlsHeap<std::array<IdSolver, 8>>;
 const IdSolver& solver_for(size_t len) {
-  if (!t_solvers) t_solvers = fast_tls_heap<std::array<IdSolver, 8>, struct SolverTag>().data();
-  IdSolver& slot = t_solvers[(len / 4) % 8];  // valid datagrams are multiples of 4
+  IdSolver& slot = Solvers::get()[(len / 4) % 8];  // valid datagrams are multiples of 4
   if (slot.len != len) slot.build(len);
   return slot;
 }
 // The solver of `len` if this thread has it built, else nullptr (a sender of many lengths
 // would rebuild one per packet: it computes the pseudo-header with the ID instead).
 const IdSolver* solver_if_built(size_t len) {
-  if (!t_solvers) return nullptr;
-  const IdSolver& slot = t_solvers[(len / 4) % 8];
+  const auto* solvers = Solvers::peek();
+  if (!solvers) return nullptr;
+  const IdSolver& slot = (*solvers)[(len / 4) % 8];
   return slot.len == len ? &slot : nullptr;
 }
 
@@ -238,7 +238,7 @@ uint32_t pseudo_reg(const IcrcContext& ctx, size_t len) {
     size_t len = 0;
     uint32_t reg = 0;
   };
-  auto& cache = fast_tls_heap<std::array<Entry, 4>, struct PseudoTag>();  // see solver_for
+  auto& cache = FastTlsHeap<std::array<Entry, 4>>::get();  // see solver_for
   Entry& e = cache[(len / 4) % 4];
   if (e.len == len && same_flow(e.key, ctx)) return e.reg;
   e.key = ctx;
