@@ -39,10 +39,8 @@ class FastTlsHeap {
       gone_ = true;
     }
   };
-  __attribute__((tls_model("initial-exec"))) static inline thread_local constinit T* fast_ =
-      nullptr;
-  __attribute__((tls_model("initial-exec"))) static inline thread_local constinit bool gone_ =
-      false;
+  SV_FAST_TLS static inline constinit T* fast_ = nullptr;
+  SV_FAST_TLS static inline constinit bool gone_ = false;
 };
 
 }  // namespace softverbs

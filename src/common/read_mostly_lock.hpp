@@ -17,6 +17,8 @@
 #include <mutex>
 #include <vector>
 
+#include "common/fast_tls.hpp"
+
 namespace softverbs {
 
 class ReadMostlyLock {
@@ -83,8 +85,7 @@ class ReadMostlyLock {
   // Constant-initialised and defined here, so that reading it is one load (no TLS wrapper
   // call, which gcc 12 also gets wrong under -fsanitize=undefined for a member defined
   // elsewhere).
-  __attribute__((tls_model("initial-exec"))) static inline thread_local constinit Slot* t_slot =
-      nullptr;
+  SV_FAST_TLS static inline constinit Slot* t_slot = nullptr;
 
   const uint64_t id_;
   std::atomic<uint32_t> writer_{0};  // 1 while a writer is in or waiting

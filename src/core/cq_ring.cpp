@@ -2,6 +2,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/fast_tls.hpp"
 #include "core/check_hooks.hpp"
 #include "core/completion_clock.hpp"
 #include "core/core.hpp"
@@ -21,10 +22,8 @@ struct DeferredCqe {
   bool solicited;
   CqeStamp stamp;  // taken when it was generated, not when it is let through
 };
-// Read on every completion: initial-exec, so that reading it is one load, not a call to
-// __tls_get_addr (a pointer fits in the static TLS glibc keeps for libraries loaded later).
-__attribute__((tls_model("initial-exec"))) thread_local std::vector<DeferredCqe>* t_deferred =
-    nullptr;
+// Read on every completion: initial-exec (common/fast_tls.hpp).
+SV_FAST_TLS std::vector<DeferredCqe>* t_deferred = nullptr;
 
 CqeStamp take_stamp(unsigned kinds) {
   CqeStamp s;

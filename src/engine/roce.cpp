@@ -878,9 +878,9 @@ struct RoceLink final : packet::Env {
     if (pq.state() == IBV_QPS_ERR && qp->state.load() != IBV_QPS_ERR) {
       test_error_sync_delay();
       set_error(qp, error_event ? int(*error_event) : -1);
-    }
-    else if (error_event)
+    } else if (error_event) {
       raise_qp_event(qp, *error_event);
+    }
     error_event.reset();
     // A held ACK goes with the packets this call produced (one GSO send, when it is no
     // longer than they are), or at once outside an application's receive, unless the
