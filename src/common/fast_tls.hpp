@@ -13,8 +13,9 @@ namespace softverbs {
 // One T per thread, on the heap, reached through an initial-exec pointer and freed when the
 // thread exits (a thread_local std::unique_ptr would be read through __tls_get_addr, for
 // its destructor's guard). Tag tells apart users of one T. Asked for again while the thread is
-// being torn down (a later thread_local destructor, or the main thread's exit handlers),
-// it makes a new T that is never freed rather than hand out the freed one.
+// being torn down (a thread_local destroyed after it, or the main thread's exit handlers),
+// it makes a second T rather than hand out the freed one; that one is freed with the
+// thread's later thread_locals (glibc runs destructors registered during the teardown).
 template <class T, class Tag = T>
 class FastTlsHeap {
  public:
@@ -23,11 +24,14 @@ class FastTlsHeap {
   static T& get() {
     if (fast_) [[likely]]
       return *fast_;
-    if (gone_) return *(fast_ = new T());
+    if (gone_) {
+      thread_local Owner late;
+      late.made = new T();
+      return *(fast_ = late.made);
+    }
     thread_local Owner owner;
     owner.made = new T();
-    fast_ = owner.made;
-    return *fast_;
+    return *(fast_ = owner.made);
   }
 
  private:
