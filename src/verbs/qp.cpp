@@ -890,8 +890,15 @@ int post_srq_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     // windows: each is counted for them with its capacity (checked under the key lock,
     // taken before the queue's as everywhere).
     std::shared_lock keys(MrTable::instance().lock(), std::defer_lock);
-    if (srq->shared.load(std::memory_order_acquire)) keys.lock();
-    std::lock_guard<QueueMutex> lock(srq->mu);
+    std::unique_lock<QueueMutex> lock(srq->mu, std::defer_lock);
+    for (;;) {
+      if (!keys.owns_lock() && srq->shared.load(std::memory_order_acquire)) keys.lock();
+      lock.lock();
+      // Shared meanwhile (the agent opened a window to one of its QPs): without the keys
+      // these receives would be published with capacity 0, never claimable by a window.
+      if (keys.owns_lock() || !srq->shared.load(std::memory_order_acquire)) break;
+      lock.unlock();
+    }
     for (; wr; wr = wr->next) {
       if (engine::srq_full_locked(srq)) {
         err = ENOMEM;
