@@ -213,16 +213,18 @@ SV_FAST_TLS bool t_held_in_poll = false;
 // The port's thread hands a plain RDMA WRITE's last packet to its link: its ACK may wait
 // for the application's reply (RoceLink::hold_ack).
 SV_FAST_TLS bool t_write_request = false;
+// A switch that is on unless the environment variable `name` starts with 0.
+bool on_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && *v == '0');
+}
 // How many of a link's ACKs the port's thread held in a row that then left by the timer,
 // not with a reply, before it holds none any more.
 constexpr int kThreadHoldMisses = 3;
 // The port's thread holds a plain WRITE's ACK for the reply (RoceLink::hold_ack);
 // SOFTVERBS_WRITE_RIDE=0 turns that off (each WRITE ACKed at once, as before).
 bool write_ride_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SOFTVERBS_WRITE_RIDE");
-    return !(v && *v == '0');
-  }();
+  static const bool on = on_unless_zero("SOFTVERBS_WRITE_RIDE");
   return on;
 }
 // hosts.twoproc.inject.error_sync: SOFTVERBS_TEST_ERROR_SYNC_DELAY_US=N sleeps N µs between
@@ -248,10 +250,7 @@ constexpr uint64_t kHoldTimerId = uint64_t{1} << 61;
 constexpr size_t kLargeWindowRcvbuf = size_t{2} << 20;
 // SOFTVERBS_ACK_HOLD=0 turns holding off.
 bool hold_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SOFTVERBS_ACK_HOLD");
-    return !(v && *v == '0');
-  }();
+  static const bool on = on_unless_zero("SOFTVERBS_ACK_HOLD");
   return on;
 }
 // The longest an ACK is held: SOFTVERBS_ACK_HOLD_US (default 100 µs). A QP's own local ACK
