@@ -411,9 +411,6 @@ namespace {
 bool peer_allows(wire::PeerWindow* pw, uint32_t rkey, uint64_t remote_addr, unsigned need,
                  uint64_t len, wire::MrShared* out) {
   wire::WindowHeader* hdr = pw->hdr;
-  // A QP with an SRQ opens its window for small SENDs only: WRITE/READ/atomics to it stay
-  // with its agent, as before (going direct, UCX's rc ucp_put_bw hung: not understood yet).
-  if (pw->srq) return false;
   if (!pw->mr_table || !(hdr->qp_access.load(std::memory_order_acquire) & need)) return false;
   if (need != IBV_ACCESS_REMOTE_WRITE && hdr->max_dest_rd_atomic == 0) return false;
   if (!wire::read_mr_entry(pw->mr_table, rkey, out)) return false;

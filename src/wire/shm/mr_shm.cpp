@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -129,6 +130,12 @@ bool private_anonymous(uintptr_t start, size_t size) {
 // Replaces [start, start + size) with a mapping of `what` at the same address, keeping the
 // bytes: map it elsewhere, copy, then move it over the old pages (mremap replaces them in one
 // step, or changes nothing when it fails).
+//
+// mremap is called as a system call, not through libc: a program may interpose mremap, and
+// UCX's memory hooks (UCM, libucm 1.13) forward only its first four arguments, so the new
+// address of MREMAP_FIXED was lost; as root the pages went to address 0 while the program
+// kept its own at `start`, and every peer's store into the MR went where it never looked
+// (interop.twoproc.ucx.rc_ud.ucp_put_bw hung). Where it landed is checked all the same.
 bool swap_in(uintptr_t start, size_t size, int fd, uint64_t offset) {
   void* fresh = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                                static_cast<off_t>(offset))
@@ -136,9 +143,13 @@ bool swap_in(uintptr_t start, size_t size, int fd, uint64_t offset) {
                                -1, 0);
   if (fresh == MAP_FAILED) return false;
   std::memcpy(fresh, reinterpret_cast<void*>(start), size);
-  void* moved = mremap(fresh, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start));
-  if (moved == MAP_FAILED) {
+  long moved = syscall(SYS_mremap, fresh, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, start);
+  if (moved == -1) {
     munmap(fresh, size);
+    return false;
+  }
+  if (static_cast<uintptr_t>(moved) != start) {  // never seen: the kernel honours FIXED
+    munmap(reinterpret_cast<void*>(moved), size);
     return false;
   }
   return true;
