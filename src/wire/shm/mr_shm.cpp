@@ -127,22 +127,15 @@ bool private_anonymous(uintptr_t start, size_t size) {
          start + size <= m.hi;
 }
 
-// Replaces [start, start + size) with a mapping of `what` at the same address, keeping the
-// bytes: map it elsewhere, copy, then move it over the old pages (mremap replaces them in one
-// step, or changes nothing when it fails).
+// Puts `fresh` (size bytes, already filled) in place of [start, start + size): mremap
+// replaces the old pages in one step, or changes nothing when it fails (then fresh goes).
 //
 // mremap is called as a system call, not through libc: a program may interpose mremap, and
 // UCX's memory hooks (UCM, libucm 1.13) forward only its first four arguments, so the new
 // address of MREMAP_FIXED was lost; as root the pages went to address 0 while the program
 // kept its own at `start`, and every peer's store into the MR went where it never looked
 // (interop.twoproc.ucx.rc_ud.ucp_put_bw hung). Where it landed is checked all the same.
-bool swap_in(uintptr_t start, size_t size, int fd, uint64_t offset) {
-  void* fresh = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                               static_cast<off_t>(offset))
-                        : mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                               -1, 0);
-  if (fresh == MAP_FAILED) return false;
-  std::memcpy(fresh, reinterpret_cast<void*>(start), size);
+bool move_over(void* fresh, uintptr_t start, size_t size) {
   long moved = syscall(SYS_mremap, fresh, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, start);
   if (moved == -1) {
     munmap(fresh, size);
@@ -153,6 +146,33 @@ bool swap_in(uintptr_t start, size_t size, int fd, uint64_t offset) {
     return false;
   }
   return true;
+}
+
+// Replaces [start, start + size) with the memfd's pages at `offset`, keeping the bytes.
+bool swap_into_memfd(uintptr_t start, size_t size, int fd, uint64_t offset) {
+  void* fresh = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (fresh == MAP_FAILED) return false;
+  std::memcpy(fresh, reinterpret_cast<void*>(start), size);
+  return move_over(fresh, start, size);
+}
+
+// Back to private pages holding what the memfd holds at `offset`, which is what [start,
+// start + size) shows. Read from the file, not through `start`: the program may have freed
+// its buffer before deregistering it (UCX does), and a sanitizer's allocator keeps such
+// memory mapped but poisoned.
+bool swap_out_of_memfd(uintptr_t start, size_t size, int fd, uint64_t offset) {
+  void* fresh = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (fresh == MAP_FAILED) return false;
+  for (size_t done = 0; done < size;) {
+    ssize_t n = pread(fd, static_cast<char*>(fresh) + done, size - done,
+                      static_cast<off_t>(offset + done));
+    if (n <= 0 && !(n < 0 && errno == EINTR)) {
+      munmap(fresh, size);
+      return false;
+    }
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  return move_over(fresh, start, size);
 }
 
 // In a forked child the moved pages would be shared with the parent, where hardware gives a
@@ -180,7 +200,7 @@ void parent_after_fork() {
 
 void child_after_fork() {
   State& s = state();
-  for (const auto& [start, r] : s.regions) swap_in(start, r.size, -1, 0);
+  for (const auto& [start, r] : s.regions) swap_out_of_memfd(start, r.size, s.fd, r.offset);
   s.regions.clear();
   if (s.fd >= 0) close(s.fd);
   s.fd = -1;
@@ -248,7 +268,7 @@ uint64_t mr_shm_acquire(void* addr, size_t length, size_t* shared) {
   if (!open_locked(s) || !private_anonymous(start, size)) return 0;
   uint64_t offset = s.next;
   if (ftruncate(s.fd, static_cast<off_t>(offset + size)) != 0) return 0;
-  if (!swap_in(start, size, s.fd, offset)) return 0;
+  if (!swap_into_memfd(start, size, s.fd, offset)) return 0;
   s.next = offset + size;
   s.regions[start] = Region{size, offset, 1};
   *shared = size;
@@ -267,7 +287,8 @@ void mr_shm_release(void* addr) {
   // Back to private memory (the application keeps using it after deregistering), unless
   // it already unmapped it; then the memfd's pages are given back.
   Mapping m;
-  if (find_mapping(r_start, &m) && std::strstr(m.name, "softverbs-mr")) swap_in(r_start, r.size, -1, 0);
+  if (find_mapping(r_start, &m) && std::strstr(m.name, "softverbs-mr"))
+    swap_out_of_memfd(r_start, r.size, s.fd, r.offset);
   fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
             static_cast<off_t>(r.size));
   s.regions.erase(it);
