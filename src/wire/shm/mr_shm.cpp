@@ -285,10 +285,15 @@ void mr_shm_release(void* addr) {
   auto& [r_start, r] = *it;
   if (start >= r_start + r.size || --r.holds > 0) return;
   // Back to private memory (the application keeps using it after deregistering), unless
-  // it already unmapped it; then the memfd's pages are given back.
+  // it already unmapped it; then the memfd's pages are given back. Pages that could not be
+  // swapped back (no memory for the copy) stay in the memfd: punching them would zero the
+  // application's memory under it.
   Mapping m;
-  if (find_mapping(r_start, &m) && std::strstr(m.name, "softverbs-mr"))
-    swap_out_of_memfd(r_start, r.size, s.fd, r.offset);
+  if (find_mapping(r_start, &m) && std::strstr(m.name, "softverbs-mr") &&
+      !swap_out_of_memfd(r_start, r.size, s.fd, r.offset)) {
+    s.regions.erase(it);
+    return;
+  }
   fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
             static_cast<off_t>(r.size));
   s.regions.erase(it);
