@@ -291,19 +291,27 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   // About to sleep until an event: the port's thread must receive the wire's packets again.
   if (cq->roce_fed.load(std::memory_order_relaxed)) engine::roce_poll_stop();
   else engine::roce_flush_held();
-  std::lock_guard<SpinLock> lock(cq->produce_mu);
-  if (cq->in_error.load()) return EINVAL;
-  int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
-  // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
-  int armed = std::max(cq->armed.load(std::memory_order_relaxed), want);
-  cq->armed.store(armed, std::memory_order_relaxed);
-  // Published (again, whatever a peer wrote there) before the caller looks for work and
-  // sleeps: a requester bumps the doorbell, then reads this word (both seq_cst), so either
-  // it sees us armed and wakes us, or our drain before sleeping sees its message.
-  cq->arm->store(armed, std::memory_order_seq_cst);
-  // Messages that came before the arm woke nobody: the channel's waiter looks (after the
-  // arm, so any message it misses finds the CQ armed and wakes it).
-  if (CompChannel* ch = cq->channel) wire::ready_set(ch->looks, cq->channel_slot);
+  {
+    std::lock_guard<SpinLock> lock(cq->produce_mu);
+    if (cq->in_error.load()) return EINVAL;
+    int want = solicited_only ? wire::kArmSolicited : wire::kArmNext;
+    // "Next completion" is the stronger request; a later solicited-only arm does not weaken it.
+    int armed = std::max(cq->armed.load(std::memory_order_relaxed), want);
+    cq->armed.store(armed, std::memory_order_relaxed);
+    // Published (again, whatever a peer wrote there) before the caller looks for work and
+    // sleeps: a requester bumps the doorbell, then reads this word (both seq_cst), so either
+    // it sees us armed and wakes us, or our drain below sees its message.
+    cq->arm->store(armed, std::memory_order_seq_cst);
+    // Messages that came before the arm woke nobody: a waiter in ibv_get_cq_event looks
+    // (after the arm, so any message it misses finds the CQ armed and wakes it).
+    if (CompChannel* ch = cq->channel) wire::ready_set(ch->looks, cq->channel_slot);
+  }
+  // A program may instead sleep in its own poll/epoll on the channel's fd without polling
+  // the CQ after arming, as UCX does (ucp_worker_wait): the messages that came before the
+  // arm become completions now, so the armed CQ's event makes the fd readable. Otherwise
+  // such a message waited in its window with both sides asleep (ucx_perftest -E sleep
+  // hung; conformance.twoproc_epoll_arm).
+  take_inbound(cq, 0, nullptr);
   return 0;
 }
 

@@ -2,7 +2,7 @@
 # UCX's ucx_perftest (Debian's ucx-utils 1.13) on softverbs0: server and client as two
 # processes on 127.0.0.1, each under `softverbs run`, with UCX_TLS=TLS and no other UCX
 # setting. Exits 77 (skipped) without ucx-utils.
-#   ucx_perftest.sh SOFTVERBS PORT LIMIT TLS TEST ITERS [unprivileged]
+#   ucx_perftest.sh SOFTVERBS PORT LIMIT TLS TEST ITERS [unprivileged|sleep]
 # TEST: tag_lat, tag_bw, ucp_put_bw, ucp_get, ... (ucx_perftest -t). LIMIT: the seconds each
 # side may run (pair.sh). "unprivileged": both sides run as user nobody (as root, through
 # setpriv), so `softverbs run` gives each its own user and mount namespace; skipped where
@@ -12,7 +12,7 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/pair.sh"
 source "$(dirname "$0")/ucx_lib.sh"
 
-(($# == 5 || $# == 6)) || { echo "usage: $0 SOFTVERBS PORT LIMIT TLS TEST ITERS [unprivileged]"; exit 2; }
+(($# == 5 || $# == 6)) || { echo "usage: $0 SOFTVERBS PORT LIMIT TLS TEST ITERS [unprivileged|sleep]"; exit 2; }
 base_port=$1 PAIR_TIMEOUT=$2 tls=$3 test=$4 iters=$5 mode=${6-}
 ucx_require
 
@@ -31,6 +31,7 @@ pair_setup "$base_port"
 server=(env "UCX_TLS=$tls" "${as[@]}" "$SOFTVERBS" run -- ucx_perftest -p "$port")
 client=(env "UCX_TLS=$tls" "${as[@]}" "$SOFTVERBS" run -- ucx_perftest 127.0.0.1 -p "$port"
   -t "$test" -n "$iters")
+if [[ $mode == sleep ]]; then client+=(-E sleep); fi
 pair_run
 ucx_perftest_checks "$test" "$iters"
 finish
