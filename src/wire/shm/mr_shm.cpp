@@ -166,11 +166,12 @@ bool swap_out_of_memfd(uintptr_t start, size_t size, int fd, uint64_t offset) {
   for (size_t done = 0; done < size;) {
     ssize_t n = pread(fd, static_cast<char*>(fresh) + done, size - done,
                       static_cast<off_t>(offset + done));
-    if (n <= 0 && !(n < 0 && errno == EINTR)) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {  // an error, or the file ends short of the region
       munmap(fresh, size);
       return false;
     }
-    if (n > 0) done += static_cast<size_t>(n);
+    done += static_cast<size_t>(n);
   }
   return move_over(fresh, start, size);
 }
@@ -289,13 +290,11 @@ void mr_shm_release(void* addr) {
   // swapped back (no memory for the copy) stay in the memfd: punching them would zero the
   // application's memory under it.
   Mapping m;
-  if (find_mapping(r_start, &m) && std::strstr(m.name, "softverbs-mr") &&
-      !swap_out_of_memfd(r_start, r.size, s.fd, r.offset)) {
-    s.regions.erase(it);
-    return;
-  }
-  fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
-            static_cast<off_t>(r.size));
+  const bool stays = find_mapping(r_start, &m) && std::strstr(m.name, "softverbs-mr") &&
+                     !swap_out_of_memfd(r_start, r.size, s.fd, r.offset);
+  if (!stays)
+    fallocate(s.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(r.offset),
+              static_cast<off_t>(r.size));
   s.regions.erase(it);
 }
 
