@@ -54,6 +54,9 @@ struct ArmStep {
 // Under cq->produce_mu, for a completion (`solicited`: it had the SE bit; `error`: its
 // status is not SUCCESS). A moderated CQ counts it and holds the event back.
 ArmStep cq_arm_step(Cq* cq, bool solicited, bool error);
+// Under cq->produce_mu, as its event is handed out or fires: disarms the CQ, drops what
+// moderation held; returns whether a moderation deadline was cleared (sync the timer).
+bool cq_disarm_locked(Cq* cq);
 // Sets the CQ's timerfd to its moderation deadline (or disarms it). Not under produce_mu.
 void cq_moderation_sync_timer(Cq* cq);
 // The channel's waiter, for each CQ of the channel: fires the event held by moderation

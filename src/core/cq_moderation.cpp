@@ -28,17 +28,6 @@ namespace {
 
 uint64_t monotonic_ns() { return clock_ns(CLOCK_MONOTONIC); }
 
-// Under produce_mu, the CQ armed: disarms it and forgets what moderation held. Returns true
-// if a deadline was set (the timer is to be cleared).
-bool disarm_locked(Cq* cq) {
-  cq->armed.store(wire::kArmNone, std::memory_order_relaxed);
-  cq->arm->store(wire::kArmNone, std::memory_order_relaxed);
-  const bool held = cq->mod_pending != 0;
-  cq->mod_pending = 0;
-  cq->mod_deadline_ns.store(0, std::memory_order_relaxed);
-  return held;
-}
-
 void set_timer(int fd, uint64_t at_ns) {
   itimerspec its{};
   its.it_value.tv_sec = static_cast<time_t>(at_ns / 1000000000u);
@@ -49,9 +38,24 @@ void set_timer(int fd, uint64_t at_ns) {
 
 }  // namespace
 
+bool cq_disarm_locked(Cq* cq) {
+  cq->armed.store(wire::kArmNone, std::memory_order_relaxed);
+  // The event tells of everything in the ring now.
+  cq->announced.store(cq->tail.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  cq->early_pending = false;
+  cq->early_hint.store(false, std::memory_order_relaxed);
+  cq->arm->store(wire::kArmNone, std::memory_order_relaxed);
+  const bool held = cq->mod_pending != 0;
+  cq->mod_pending = 0;
+  cq->mod_deadline_ns.store(0, std::memory_order_relaxed);
+  return held;
+}
+
 ArmStep cq_arm_step(Cq* cq, bool solicited, bool error) {
   const int cur = cq->armed.load(std::memory_order_relaxed);
   if (cur != wire::kArmNext && !(cur == wire::kArmSolicited && (solicited || error))) return {};
+  // The early event the arm queued (req_notify_cq) becomes this completion's.
+  if (cq->early_pending) return {false, cq_disarm_locked(cq)};
   const bool live = cq->channel != nullptr && !cq->destroying;
   if (live && cq->moderated && !error && ++cq->mod_pending < cq->mod_count) {
     if (cq->mod_pending > 1) return {};  // held; the deadline is already set
@@ -60,7 +64,7 @@ ArmStep cq_arm_step(Cq* cq, bool solicited, bool error) {
                               std::memory_order_relaxed);
     return {false, true};
   }
-  const bool held = disarm_locked(cq);
+  const bool held = cq_disarm_locked(cq);
   return {live, held};
 }
 
@@ -99,7 +103,7 @@ bool cq_moderation_expire(Cq* cq, uint64_t now_ns) {
     const uint64_t due = cq->mod_deadline_ns.load(std::memory_order_relaxed);
     if (due != 0 && now_ns >= due) {
       fire = cq->channel != nullptr && !cq->destroying;
-      disarm_locked(cq);
+      cq_disarm_locked(cq);
     }
   }
   if (fire) cq->channel->events.push(cq);
@@ -154,7 +158,7 @@ int cq_set_moderation(Cq* cq, uint16_t count, uint16_t period_us) {
     if (cq->mod_pending != 0) {
       if (!want || cq->mod_pending >= count) {
         fire = !cq->destroying;
-        disarm_locked(cq);
+        cq_disarm_locked(cq);
       } else {
         cq->mod_deadline_ns.store(cq->mod_first_ns + uint64_t{period_us} * 1000u,
                                   std::memory_order_relaxed);

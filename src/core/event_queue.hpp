@@ -88,6 +88,30 @@ class EventQueue {
     if (quiet_ == 0) raise_level();
   }
 
+  // Pushes `item` if `decide()`, which runs under the queue lock, says so. Returns that.
+  template <typename D>
+  bool push_if(const T& item, D&& decide) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!decide()) return false;
+    items_.push_back(item);
+    if (quiet_ == 0) raise_level();
+    return true;
+  }
+
+  // Removes one queued event equal to `item` if `decide()`, which runs under the queue
+  // lock, says so (events equal to it are alike: which one goes does not matter).
+  template <typename D>
+  void take_back_if(const T& item, D&& decide) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!decide()) return;
+    for (auto it = items_.begin(); it != items_.end(); ++it)
+      if (*it == item) {
+        items_.erase(it);
+        if (items_.empty()) lower_level();
+        return;
+      }
+  }
+
   // Pops the oldest event. `deliver(item)` runs under the queue lock, so an event is
   // either still queued or already counted as handed out, never in between (destroy
   // relies on that to know which events it must wait for).

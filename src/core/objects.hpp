@@ -298,6 +298,16 @@ struct Cq {
   // processes know to wake us. Peers can write the mirror, so nothing of ours trusts it:
   // a peer that zeroes it must not cost us the event of our own completions.
   std::atomic<int> armed{wire::kArmNone};
+  // The ring's tail when the CQ's last event fired (written under produce_mu). Completions
+  // past it and past head are unpolled and no event told of them (they came while the CQ
+  // was not armed): arming queues an early event for them (req_notify_cq).
+  std::atomic<uint64_t> announced{0};
+  // That early event sits in the channel's FIFO and the CQ is still armed. Changed under
+  // the channel's queue lock and produce_mu; read under either. A new completion makes it
+  // an ordinary event, handing it out disarms the CQ, and a poll that empties the CQ first
+  // takes it back (cq.cpp). `early_hint` mirrors it for ibv_poll_cq's one relaxed load.
+  bool early_pending = false;
+  std::atomic<bool> early_hint{false};
   // Completions the agent holds back until it has answered their requester (see
   // defer_completions): receive windows feeding this CQ wait, so that a message the
   // requester sends after that answer cannot overtake them.

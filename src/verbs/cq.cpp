@@ -156,6 +156,9 @@ int resize_cq(Cq* cq, int cqe) {
   cq->capacity = size - 1;
   cq->head.store(0);
   cq->tail.store(used);
+  const uint64_t announced = cq->announced.load(std::memory_order_relaxed);
+  cq->announced.store(announced > head ? std::min(announced - head, used) : 0,
+                      std::memory_order_relaxed);
   cq->cq()->cqe = static_cast<int>(cq->capacity);
   return 0;
 }
@@ -263,7 +266,58 @@ uint64_t take_wire(Cq* cq, bool want) {
   return tail;
 }
 
+// Under cq->produce_mu: armed for the next completion, with completions unpolled that no
+// event told of.
+bool unannounced_locked(Cq* cq) {
+  if (cq->armed.load(std::memory_order_relaxed) != wire::kArmNext) return false;
+  const uint64_t seen = std::max(cq->head.load(std::memory_order_acquire),
+                                 cq->announced.load(std::memory_order_relaxed));
+  return cq->tail.load(std::memory_order_relaxed) > seen;
+}
+
+// Arming a CQ that holds unpolled completions no event told of (they came while it was not
+// armed, after its last event) queues its event at once, an early one: the channel's fd
+// is readable, the CQ stays armed. NICs whose arm carries the consumer index (mlx4, mlx5)
+// fire at once then, and programs rely on it: UCX takes an event, polls less than it
+// brought (or nothing), arms and sleeps in its own epoll (ucx_perftest -E sleep hung;
+// interop.twoproc.ucx.ud.tag_lat.sleep). A program that polls the CQ empty before it
+// takes the event gets no event (take_back_early): ibv_rc_pingpong -e -t, which arms and
+// then polls, takes an event with nothing behind it for an error.
+void queue_early_event(Cq* cq) {
+  CompChannel* ch = cq->channel;
+  if (!ch || cq->armed.load(std::memory_order_relaxed) != wire::kArmNext) return;
+  const uint64_t tail = cq->tail.load(std::memory_order_acquire);
+  if (tail <= std::max(cq->head.load(std::memory_order_relaxed),
+                       cq->announced.load(std::memory_order_relaxed)))
+    return;  // the common case, without a lock
+  ch->events.push_if(cq, [cq] {
+    std::lock_guard<SpinLock> lock(cq->produce_mu);
+    if (cq->early_pending || cq->destroying || !unannounced_locked(cq)) return false;
+    cq->early_pending = true;
+    cq->early_hint.store(true, std::memory_order_relaxed);
+    return true;
+  });
+}
+
+// After a poll: a CQ polled empty takes its early event back, if it is still queued.
+void take_back_early(Cq* cq) {
+  if (!cq->early_hint.load(std::memory_order_relaxed) ||
+      cq->tail.load(std::memory_order_acquire) != cq->head.load(std::memory_order_relaxed))
+    return;
+  cq->channel->events.take_back_if(cq, [cq] {
+    std::lock_guard<SpinLock> lock(cq->produce_mu);
+    if (!cq->early_pending ||
+        cq->tail.load(std::memory_order_acquire) != cq->head.load(std::memory_order_relaxed))
+      return false;
+    cq->early_pending = false;
+    cq->early_hint.store(false, std::memory_order_relaxed);
+    return true;
+  });
+}
+
 }  // namespace
+
+void cq_polled(Cq* cq) { take_back_early(cq); }
 
 uint64_t cq_gather(Cq* cq) {
   take_inbound(cq, 0, nullptr);
@@ -271,19 +325,26 @@ uint64_t cq_gather(Cq* cq) {
 }
 
 int poll_cq(Cq* cq, int num_entries, ibv_wc* wc) {
-  if (int n = take_inbound(cq, num_entries, wc)) return n;
+  if (int n = take_inbound(cq, num_entries, wc)) {
+    take_back_early(cq);
+    return n;
+  }
   uint64_t tail = take_wire(cq, num_entries > 0);
   if (tail == cq->head.load(std::memory_order_relaxed) || num_entries <= 0) {
     if (num_entries < 0) return -1;
+    take_back_early(cq);
     return cq->in_error.load(std::memory_order_relaxed) ? -1 : 0;
   }
-  std::lock_guard<SpinLock> lock(cq->consume_mu);
-  uint64_t head = cq->head.load(std::memory_order_relaxed);
-  tail = cq->tail.load(std::memory_order_acquire);
-  uint64_t mask = cq->ring.size() - 1;
   int n = 0;
-  while (n < num_entries && head != tail) wc[n++] = cq->ring[head++ & mask];
-  cq->head.store(head, std::memory_order_release);
+  {
+    std::lock_guard<SpinLock> lock(cq->consume_mu);
+    uint64_t head = cq->head.load(std::memory_order_relaxed);
+    tail = cq->tail.load(std::memory_order_acquire);
+    uint64_t mask = cq->ring.size() - 1;
+    while (n < num_entries && head != tail) wc[n++] = cq->ring[head++ & mask];
+    cq->head.store(head, std::memory_order_release);
+  }
+  take_back_early(cq);
   return n;
 }
 
@@ -312,6 +373,7 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   // such a message waited in its window with both sides asleep (ucx_perftest -E sleep
   // hung; conformance.twoproc_epoll_arm).
   take_inbound(cq, 0, nullptr);
+  queue_early_event(cq);
   return 0;
 }
 
@@ -381,9 +443,16 @@ int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   engine::roce_flush_held();  // may sleep: no ACK waits for this thread
   Cq* cq = nullptr;
   auto deliver = [](Cq* c) {
+    bool sync_timer = false;
+    if (c->early_hint.load(std::memory_order_relaxed)) {
+      // An early event handed out is the CQ's event: the arm is spent.
+      std::lock_guard<SpinLock> lock(c->produce_mu);
+      if (c->early_pending) sync_timer = cq_disarm_locked(c);
+    }
     pthread_mutex_lock(&c->cq()->mutex);
     c->comp_events_reported++;
     pthread_mutex_unlock(&c->cq()->mutex);
+    if (sync_timer) cq_moderation_sync_timer(c);
   };
   // A peer that finds one of our CQs armed after leaving a message in a receive window
   // wakes this channel directly: the messages become completions (and events) here.

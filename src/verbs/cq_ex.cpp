@@ -52,8 +52,10 @@ int start_poll(ibv_cq_ex* ex, ibv_poll_cq_attr* attr) {
   // and be taken in this same pass, and rc_pingpong -e -t, which wakes on that event,
   // would then find nothing (ENOENT is fatal to it).
   const uint64_t head = cq->head.load(std::memory_order_relaxed);
-  if (cq->tail.load(std::memory_order_acquire) == head && cq_gather(cq) == head)
+  if (cq->tail.load(std::memory_order_acquire) == head && cq_gather(cq) == head) {
+    cq_polled(cq);
     return empty_result(cq);
+  }
   if (!cq->single_threaded) cq->consume_mu.lock();
   const uint64_t tail = cq->tail.load(std::memory_order_acquire);
   if (tail == cq->head.load(std::memory_order_relaxed)) {
@@ -93,6 +95,7 @@ void end_poll(ibv_cq_ex* ex) {
     cq->head.store(cq->head.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   cq->polling = cq->poll_current = false;
   if (!cq->single_threaded) cq->consume_mu.unlock();
+  cq_polled(cq);
 }
 
 ibv_wc_opcode read_opcode(ibv_cq_ex* ex) { return current(of(ex)).opcode; }

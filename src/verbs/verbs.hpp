@@ -140,6 +140,9 @@ void ack_cq_events(Cq* cq, unsigned int nevents);
 // How ibv_poll_cq and ibv_start_poll both begin: what waits outside the ring (receive
 // windows; the wire, when the ring is empty) becomes completions in it. Returns the tail.
 uint64_t cq_gather(Cq* cq);
+// After the ibv_cq_ex poll API took completions: an early event (cq.cpp) of a CQ polled
+// empty is taken back.
+void cq_polled(Cq* cq);
 
 // Extended CQs (verbs/cq_ex.cpp): the same Cq, its ring, events and overrun, read through
 // the ibv_cq_ex poll API as well as ibv_poll_cq.

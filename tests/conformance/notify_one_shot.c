@@ -1,8 +1,13 @@
 /*
  * notify_one_shot: ibv_req_notify_cq is "one shot".
  *
- * - Completions already in the CQ when it is armed do not produce an event; the arm stays
- *   pending and fires on the next new completion.
+ * - Completions already in the CQ when it is armed, that no event told of, queue the event
+ *   at once (the fd is readable), as a NIC whose arm carries the consumer index (mlx4,
+ *   mlx5) fires at once: a program that arms and sleeps is woken for them (UCX does).
+ * - Polled empty before the event is taken, the CQ takes that early event back and stays
+ *   armed: a program that arms and then polls (ibv_rc_pingpong -e) gets no event with
+ *   nothing behind it.
+ * - Completions an event told of do not fire again when the CQ is re-armed unpolled.
  * - One arm followed by two completions gives exactly one event.
  * - Without re-arming, further completions give no event.
  * - Re-arming, then a new completion, gives an event again.
@@ -47,17 +52,46 @@ int main(void)
 	mr_b = f.mr[1];
 	struct ibv_cq *cq = f.pair.rcq[1];
 
-	sv_step("completions present before the arm do not produce an event");
+	sv_step("completions no event told of, unpolled at the arm: the event is queued at once");
 	send_n(2);
 	CHECK_OK(ibv_req_notify_cq(cq, 0));
-	sv_expect_no_cq_event(ch, "the CQ held two old completions when it was armed");
+	CHECK(sv_fd_readable(ch->fd, 0));
+	sv_expect_cq_event(ch, cq);
 	drain_recv();
+	sv_expect_no_cq_event(ch, "the early event was the arm's one event");
+
+	sv_step("polled empty before it is taken, the early event is taken back");
+	send_n(1); /* the CQ is not armed: no event tells of it */
+	CHECK_OK(ibv_req_notify_cq(cq, 0));
+	CHECK(sv_fd_readable(ch->fd, 0));
+	drain_recv();
+	CHECK(!sv_fd_readable(ch->fd, 0));
+	sv_expect_no_cq_event(ch, "the CQ was polled empty before the event was taken");
 
 	sv_step("the arm is still pending: the next new completion fires it");
 	send_n(1);
 	sv_expect_cq_event(ch, cq);
 	drain_recv();
 	sv_expect_no_cq_event(ch, "only one completion after the arm");
+
+	sv_step("completions an event told of do not fire again at the next arm");
+	CHECK_OK(ibv_req_notify_cq(cq, 0));
+	send_n(1);
+	sv_expect_cq_event(ch, cq);
+	CHECK_OK(ibv_req_notify_cq(cq, 0)); /* the completion is still unpolled */
+	sv_expect_no_cq_event(ch, "re-armed over a completion its last event told of");
+	drain_recv();
+	send_n(1); /* the arm is pending */
+	sv_expect_cq_event(ch, cq);
+	drain_recv();
+
+	sv_step("a completion polled partly: the early event stays");
+	send_n(2); /* not armed */
+	CHECK_OK(ibv_req_notify_cq(cq, 0));
+	sv_expect_wc(f.pair.rcq[1], ++drained, IBV_WC_SUCCESS, f.pair.qp[1], NULL);
+	sv_expect_cq_event(ch, cq);
+	drain_recv();
+	sv_expect_no_cq_event(ch, "one arm, one event");
 
 	sv_step("one arm, two completions: exactly one event");
 	CHECK_OK(ibv_req_notify_cq(cq, 0));
