@@ -205,6 +205,10 @@ void close_window(Qp* t, bool deliver);  // caller holds no QP lock
 std::optional<Outcome> send_ud_through_window(Qp* qp, const SendWqe& w, const iovec* local,
                                               int nlocal);
 bool post_ud_now(Qp* qp, const ibv_send_wr* wr, uint64_t len);
+// A datagram to a multicast group: a copy for each QP of this host attached to it, through
+// its UD window where there is one, else as `req` (built for the agent path) names it.
+Outcome send_ud_to_group(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                         const wire::Request& req);
 void drop_ud_peers(Qp* qp);  // caller holds qp->sq_mu, or is destroying qp
 // Target: open_window's UD case; the windows' datagrams into completions (the key lock
 // held or not); ibv_poll_cq's shortcut (drain_solo_into's UD case, t->ud_mu held).

@@ -113,6 +113,9 @@ Outcome execute(Qp* qp, const SendWqe& w) {
     req.dst_qpn = qp->send_path.dest_qpn;
   }
   req.pid = wire::self_pid();
+  // To a multicast group: each member of this host, through its UD window where it can.
+  if (route == wire::Route::Multicast && Device::instance().port_active())
+    return send_ud_to_group(qp, w, local, nlocal, req);
   // A port that is down sends nothing: to the requester that looks like silence.
   Outcome o = Device::instance().port_active() ? wire::deliver(route, dgid, req)
                                                 : Outcome{Outcome::NoResponse};

@@ -28,6 +28,7 @@
 #include "wire/registry.hpp"
 #include "wire/roce/grh.hpp"
 #include "wire/shm/agent.hpp"
+#include "wire/shm/mcast.hpp"
 #include "wire/shm/ud_window.hpp"
 
 namespace softverbs::engine {
@@ -182,6 +183,31 @@ std::optional<Outcome> send_ud_through_window(Qp* qp, const SendWqe& w, const io
   wire::copy_local(&to, 1, local, nlocal, len);
   ud_commit(p, *s, {len, w.opcode, w.flags, w.imm, effective_qkey(qp, w.remote_qkey), &w.sgid, &w.dgid});
   return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
+}
+
+Outcome send_ud_to_group(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
+                         const wire::Request& req) {
+  const uint32_t qkey = effective_qkey(qp, w.remote_qkey);
+  const uint32_t len = static_cast<uint32_t>(w.total_length);
+  for (uint32_t qpn : wire::mcast_members(w.dgid)) {
+    if (qpn == req.src_qpn && req.skip_self) continue;
+    // Another process's member: its window, as a unicast datagram to it. The agent path
+    // (no window, a full ring) drains its windows first, so the order holds either way.
+    const bool ours = wire::slot_of_qpn(qpn) == wire::my_slot();
+    if (!ours && len <= wire::kUdPayload)
+      if (wire::UdPeerWindow* p = ud_peer(qp, qpn))
+        if (wire::UdSlot* s = ud_slot(p)) {
+          iovec to{s->data, len};
+          wire::copy_local(&to, 1, local, nlocal, len);
+          ud_commit(p, *s, {len, w.opcode, w.flags, w.imm, qkey, &w.sgid, &w.dgid});
+          continue;
+        }
+    wire::Request copy = req;
+    copy.dst_qpn = qpn;
+    wire::deliver(ours ? wire::Route::Loop : wire::Route::Shm, w.dgid, copy);
+  }
+  // As on a fabric: a member without a receive just misses it; the sender sees success.
+  return {Outcome::Ack};
 }
 
 bool post_ud_now(Qp* qp, const ibv_send_wr* wr, uint64_t len) {

@@ -10,6 +10,8 @@
  *  - with no receive posted the datagram is lost (not held for the next receive);
  *  - solicited-only arming wakes for the solicited datagram, not before;
  *  - a UD QP on an SRQ;
+ *  - (one host) to a multicast group R's QP joined: the datagrams ride R's UD window for the
+ *    sender's QP, as unicast ones do, with the group in the GRH slot; none after a detach;
  *  - many senders at once: every datagram arrives, each sender's in order;
  *  - garbage over the window's header: nothing is lost; garbage over the whole window: R
  *    survives, its memory outside what it shares is intact, and datagrams flow again;
@@ -33,6 +35,8 @@
 #define PER_QP 150 /* datagrams from each of their two QPs */
 #define NRECV (2 * NSEND * PER_QP)
 #define SLOT (GRH + MTU)
+/* ::ffff:239.1.2.65, an IPv4 group as RoCE v2 names it */
+static const union ibv_gid group = {.raw = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 65}};
 
 static int sock_s, sock_v, sock_m[NSEND];
 
@@ -355,9 +359,32 @@ static void sender(int sock)
 	}
 	sv_say(sock, 6);
 
+	/* 65 (one host): from a fresh QP to the group R joined, three datagrams; then (66)
+	 * one more, after R left it. */
+	int next = sv_hear(sock);
+	if (next == 65) {
+		struct ibv_qp *m = ud_qp(&d, scq, rcq, NULL, QKEY, 1);
+		(void)trade(sock, &d, m);
+		struct ibv_ah *gah = ud_ah(&d, &group);
+		for (uint64_t i = 650; i < 653; i++) {
+			mark(mr, 0, i, MSG);
+			ud_send(m, scq, gah, 0xffffff, QKEY, i, mr, 0, MSG, IBV_WR_SEND, 0);
+		}
+		sv_say(sock, 65);
+		CHECK_EQ(sv_hear(sock), 66);
+		mark(mr, 0, 660, MSG);
+		ud_send(m, scq, gah, 0xffffff, QKEY, 660, mr, 0, MSG, IBV_WR_SEND, 0);
+		mark(mr, 0, 661, MSG); /* then one to R's QP itself */
+		ud_send(m, scq, ah, r.qpn, QKEY, 661, mr, 0, MSG, IBV_WR_SEND, 0);
+		sv_say(sock, 66);
+		CHECK_OK(ibv_destroy_ah(gah));
+		CHECK_OK(ibv_destroy_qp(m));
+		next = sv_hear(sock);
+	}
+
 	/* 8: R overwrote the window's header: more datagrams, all must arrive. Then R
 	 * overwrote all of it: more datagrams, any fate; then, when told, one that must. */
-	CHECK_EQ(sv_hear(sock), 8);
+	CHECK_EQ(next, 8);
 	for (uint64_t i = 0; i < 48; i++) {
 		mark(mr, 0, ((uint64_t)0 << 32) | i, MSG);
 		ud_send(a, scq, ah, r.qpn, QKEY, 80, mr, 0, MSG, IBV_WR_SEND, 0);
@@ -560,6 +587,35 @@ int main(void)
 		uint64_t v;
 		memcpy(&v, sv_ptr(t.mr, (size_t)(20 + i) * SLOT + GRH), sizeof(v));
 		CHECK_EQ(v, 60 + (uint64_t)i);
+	}
+
+	if (same_host) {
+		sv_step("to a multicast group: through R's UD window for the sender, the group in "
+			"the GRH slot; nothing after a detach");
+		CHECK_OK(ibv_attach_mcast(t.qp, &group, 0));
+		post_recvs(&t, 300, 4, SLOT);
+		sv_say(sock_s, 65);
+		struct ud_addr m = trade(sock_s, &t.dev, t.qp);
+		CHECK_EQ(sv_hear(sock_s), 65);
+		for (uint64_t i = 0; i < 3; i++) {
+			sv_expect_wc(t.rcq, 300 + i, IBV_WC_SUCCESS, t.qp, &wc);
+			CHECK_EQ(wc.src_qp, m.qpn);
+			CHECK_EQ(wc.byte_len, GRH + MSG);
+			CHECK(wc.wc_flags & IBV_WC_GRH);
+			CHECK_EQ(marker_of(t.mr, &wc), 650 + i);
+			const uint8_t *grh = sv_ptr(t.mr, (size_t)(300 + i) * SLOT);
+			CHECK(memcmp(grh + 36, &group.raw[12], 4) == 0); /* the IPv4 destination */
+		}
+		/* The window is the sender's QP's own: multicast went the unicast fast path. */
+		CHECK_EQ(windows(getpid(), t.qp->qp_num, m.qpn, 0, 0), 1);
+		CHECK_OK(ibv_detach_mcast(t.qp, &group, 0));
+		sv_say(sock_s, 66);
+		CHECK_EQ(sv_hear(sock_s), 66);
+		/* The group's datagram (660) came first, the QP's own (661) second: 661 in the
+		 * receive left means 660 did not land. */
+		sv_expect_wc(t.rcq, 303, IBV_WC_SUCCESS, t.qp, &wc);
+		CHECK_EQ(marker_of(t.mr, &wc), 661);
+		sv_expect_empty(t.rcq, "a datagram to the group after the detach");
 	}
 
 	sv_step("%d senders of two QPs each at once: every datagram arrives, in order per sender", NSEND);

@@ -3,13 +3,19 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "common/state_dir.hpp"
 #include "wire/registry.hpp"
@@ -44,6 +50,82 @@ pid_t entry_pid(const std::string& path) {
   return pid > 0 ? static_cast<pid_t>(pid) : 0;
 }
 
+// The groups' generation: every attach and detach (and a reader's removal of a dead
+// member's entry) bumps it once the directory changed, so that a process that cached a
+// group's members reads the directory again only then. 8 bytes of <state>/mcast/gen,
+// mapped shared; nullptr when that fails (then every send reads the directory). A peer
+// that writes it can only make us read the directory more often, or (keeping it still
+// across a change) miss members until the next change, which it could do by removing
+// their entries.
+std::atomic<uint64_t>* generation() {
+  static std::once_flag once;
+  static std::atomic<uint64_t>* word = nullptr;
+  std::call_once(once, [] {
+    mkdir(state_dir().c_str(), 0700);
+    mkdir(group_dir().c_str(), 0700);
+    int fd = open((group_dir() + "/gen").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    struct stat st{};
+    if (fstat(fd, &st) == 0 && (st.st_size >= 8 || ftruncate(fd, 8) == 0)) {
+      void* m = mmap(nullptr, 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) word = static_cast<std::atomic<uint64_t>*>(m);
+    }
+    close(fd);
+  });
+  return word;
+}
+
+void bump_generation() {
+  if (std::atomic<uint64_t>* g = generation()) g->fetch_add(1, std::memory_order_seq_cst);
+}
+
+// Members as last read from the directory: their QPN and owner, at that generation.
+struct Member {
+  uint32_t qpn;
+  pid_t pid;
+};
+struct CachedGroup {
+  uint64_t generation = 0;
+  std::vector<Member> members;
+};
+std::mutex g_cache_mu;
+std::map<std::array<uint8_t, 16>, CachedGroup> g_cache;
+
+std::array<uint8_t, 16> key_of(const ibv_gid& gid) {
+  std::array<uint8_t, 16> k;
+  std::memcpy(k.data(), gid.raw, 16);
+  return k;
+}
+
+// The directory's members of gid; entries of dead processes are removed.
+std::vector<Member> read_members(const ibv_gid& gid) {
+  std::vector<Member> members;
+  std::string dir = group_dir();
+  DIR* d = opendir(dir.c_str());
+  if (!d) return members;
+  std::string prefix = gid_hex(gid) + ".";
+  bool removed = false;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    // <32 hex>.<6 hex>, nothing else (temporary files have a suffix).
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    char* end = nullptr;
+    unsigned long qpn = std::strtoul(name.c_str() + prefix.size(), &end, 16);
+    if (!end || *end || qpn == 0 || qpn >= 0xffffff) continue;
+    std::string path = dir + "/" + name;
+    pid_t owner = slot_owner(slot_of_qpn(static_cast<uint32_t>(qpn)));
+    if (owner == 0 || entry_pid(path) != owner) {
+      unlink(path.c_str());  // its process is gone: the QP number may be someone else's now
+      removed = true;
+      continue;
+    }
+    members.push_back({static_cast<uint32_t>(qpn), owner});
+  }
+  closedir(d);
+  if (removed) bump_generation();
+  return members;
+}
+
 }  // namespace
 
 bool is_multicast_gid(const ibv_gid& gid) {
@@ -69,35 +151,39 @@ int mcast_attach(const ibv_gid& gid, uint32_t qpn) {
     unlink(tmp.c_str());
     return err;
   }
+  bump_generation();
   return 0;
 }
 
 int mcast_detach(const ibv_gid& gid, uint32_t qpn) {
-  return unlink(entry_path(gid, qpn).c_str()) == 0 ? 0 : EINVAL;
+  if (unlink(entry_path(gid, qpn).c_str()) != 0) return EINVAL;
+  bump_generation();
+  return 0;
 }
 
 std::vector<uint32_t> mcast_members(const ibv_gid& gid) {
+  std::atomic<uint64_t>* g = generation();
+  // Read before the directory: a change during the read leaves the cache one behind.
+  const uint64_t now = g ? g->load(std::memory_order_seq_cst) : 0;
   std::vector<uint32_t> qpns;
-  std::string dir = group_dir();
-  DIR* d = opendir(dir.c_str());
-  if (!d) return qpns;
-  std::string prefix = gid_hex(gid) + ".";
-  while (dirent* e = readdir(d)) {
-    std::string name = e->d_name;
-    // <32 hex>.<6 hex>, nothing else (temporary files have a suffix).
-    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
-    char* end = nullptr;
-    unsigned long qpn = std::strtoul(name.c_str() + prefix.size(), &end, 16);
-    if (!end || *end || qpn == 0 || qpn >= 0xffffff) continue;
-    std::string path = dir + "/" + name;
-    pid_t owner = slot_owner(slot_of_qpn(static_cast<uint32_t>(qpn)));
-    if (owner == 0 || entry_pid(path) != owner) {
-      unlink(path.c_str());  // its process is gone: the QP number may be someone else's now
-      continue;
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  if (g) {
+    auto it = g_cache.find(key_of(gid));
+    // Cached at this generation, and every member's process still holds its slot (one
+    // that died without detaching changes no file).
+    if (it != g_cache.end() && it->second.generation == now) {
+      bool alive = true;
+      for (const Member& m : it->second.members)
+        if (slot_owner(slot_of_qpn(m.qpn)) != m.pid) alive = false;
+      if (alive) {
+        for (const Member& m : it->second.members) qpns.push_back(m.qpn);
+        return qpns;
+      }
     }
-    qpns.push_back(static_cast<uint32_t>(qpn));
   }
-  closedir(d);
+  std::vector<Member> members = read_members(gid);
+  for (const Member& m : members) qpns.push_back(m.qpn);
+  if (g) g_cache[key_of(gid)] = {now, std::move(members)};
   return qpns;
 }
 
