@@ -292,7 +292,9 @@ void queue_early_event(Cq* cq) {
     return;  // the common case, without a lock
   ch->events.push_if(cq, [cq] {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
-    if (cq->early_pending || cq->destroying || !unannounced_locked(cq)) return false;
+    // (Moderation holding an event back already tells of them, when its time comes.)
+    if (cq->early_pending || cq->destroying || cq->mod_pending != 0 || !unannounced_locked(cq))
+      return false;
     cq->early_pending = true;
     cq->early_hint.store(true, std::memory_order_relaxed);
     return true;
