@@ -156,6 +156,18 @@ TEST_F(ModerationTest, FewerCompletionsFireWhenThePeriodEnds) {
   ++unacked;
 }
 
+// Re-arming while moderation holds an event back queues no early event for the completions
+// it holds: that event tells of them when the period ends, once.
+TEST_F(ModerationTest, ReArmingOverAHeldEventQueuesNoEarlyOne) {
+  set(100, 1000);
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);
+  push(1);
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);
+  EXPECT_FALSE(readable(ch->ibv.fd)) << "an early event beside the held one";
+  EXPECT_EQ(wait_event(), cq->cq());
+  EXPECT_EQ(event(), nullptr) << "two events for one completion";
+}
+
 TEST_F(ModerationTest, AnErrorCompletionFiresAtOnce) {
   set(100, kMaxCqModerationPeriod);
   ASSERT_EQ(req_notify_cq(cq, 0), 0);
