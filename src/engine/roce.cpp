@@ -1251,10 +1251,19 @@ bool roce_post(Qp* qp, SendWqe& w) {
   bool ud = qp->type == IBV_QPT_UD;
   const wire::Route route = ud ? wire::route(w.dgid, w.remote_qpn) : qp->send_path.route;
   // To a group: also on the wire (the caller gave this host's members their copies), unless
-  // it leaves from a loopback GID, which reaches only this host.
+  // it leaves from a loopback GID, which reaches only this host, or names an interface-local
+  // IPv6 group (ff01::/16: RFC 4291 keeps it on the node; perftest -g's default), or a group
+  // of the other IP version than its source address (no socket sends that: it failed in
+  // sendmmsg once per datagram, about 1 us each).
   const bool multicast = ud && route == wire::Route::Multicast;
-  if (multicast ? rw::IpAddress::from_gid(w.sgid.raw).is_loopback() : route != wire::Route::Roce)
+  if (multicast) {
+    const rw::IpAddress src = rw::IpAddress::from_gid(w.sgid.raw);
+    const rw::IpAddress group = rw::IpAddress::from_gid(w.dgid.raw);
+    const bool node_local = w.dgid.raw[0] == 0xff && (w.dgid.raw[1] & 0x0f) == 1;
+    if (src.is_loopback() || node_local || src.is_v4() != group.is_v4()) return false;
+  } else if (route != wire::Route::Roce) {
     return false;
+  }
   if (ud) {  // on the wire now: its CQs hear from the port too
     feed_from_wire(qp->send_cq);
     feed_from_wire(qp->recv_cq);
