@@ -2,7 +2,9 @@
 # UCX's ucx_perftest between the two hosts of netns.sh: server on host A, client on host B
 # given A's veth IPv4 address, each under `softverbs run` with UCX_TLS=TLS. Exits 77
 # (skipped) without root or without ucx-utils.
-#   ucx_hosts.sh SOFTVERBS PORT LIMIT TLS TEST ITERS
+#   ucx_hosts.sh SOFTVERBS PORT LIMIT TLS TEST ITERS [sleep]
+# sleep: the client runs with -E sleep (UCX's event-driven progress: it arms its CQs and
+# sleeps in its own poll on the channel fds, docs/ucx.md).
 # No UCX setting besides UCX_TLS (any UCX_* of the caller's environment is dropped). UCX picks
 # the first IPv4 GID that ibv_create_ah accepts (uct_ib_device_select_gid); softverbs lists
 # the interfaces' IPv4 addresses before ::ffff:127.0.0.1, as a NIC lists its netdev's, so
@@ -14,8 +16,8 @@ source "$(dirname "$0")/../interop/pair.sh"
 source "$(dirname "$0")/../interop/ucx_lib.sh"
 source "$(dirname "$0")/netns.sh"
 
-(($# == 5)) || { echo "usage: $0 SOFTVERBS PORT LIMIT TLS TEST ITERS"; exit 2; }
-base_port=$1 PAIR_TIMEOUT=$2 tls=$3 test=$4 iters=$5
+(($# == 5 || $# == 6)) || { echo "usage: $0 SOFTVERBS PORT LIMIT TLS TEST ITERS [sleep]"; exit 2; }
+base_port=$1 PAIR_TIMEOUT=$2 tls=$3 test=$4 iters=$5 mode=${6-}
 why=$(hosts_supported) || { echo "skipped: $why"; exit 77; }
 ucx_require
 pair_setup "$base_port"
@@ -35,6 +37,7 @@ NFT
 server=("${HOST_A[@]}" "UCX_TLS=$tls" "$SOFTVERBS" run -- ucx_perftest -p "$port")
 client=("${HOST_B[@]}" "UCX_TLS=$tls" "$SOFTVERBS" run --
   ucx_perftest "$HOST_A_IP4" -p "$port" -t "$test" -n "$iters")
+if [[ $mode == sleep ]]; then client+=(-E sleep); fi
 pair_run
 ucx_perftest_checks "$test" "$iters"
 roce=$(in_host A nft list table inet svh_ucx | sed -nE 's/.*counter packets ([0-9]+) .*/\1/p')
