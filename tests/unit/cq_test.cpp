@@ -224,6 +224,42 @@ TEST_F(ChannelTest, NextCompletionNotificationIsOneShot) {
   EXPECT_EQ(event(), nullptr);
 }
 
+// One thread waits in ibv_get_cq_event while another adds completions, arms and polls, in
+// every order: the waiter hears of each round (the early event may be taken back by the
+// poll, but then the round's new completion fires), and nothing hangs.
+TEST_F(ChannelTest, AWaiterThreadHearsEveryRoundOfAnArmingPoller) {
+  std::atomic<int> heard{0};
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    while (!stop.load()) {
+      ibv_cq* got = nullptr;
+      void* context = nullptr;
+      if (get_cq_event(ch, &got, &context) != 0) break;
+      ack_cq_events(Cq::from(got), 1);
+      heard.fetch_add(1);
+    }
+  });
+  ibv_wc wc[16];
+  uint64_t id = 1;
+  for (int round = 0; round < 2000; ++round) {
+    const int before = heard.load();
+    push_n(cq, round % 3, id);  // 0 to 2 completions no event told of
+    id += round % 3;
+    ASSERT_EQ(req_notify_cq(cq, 0), 0);
+    if (round % 2) while (poll_cq(cq, 16, wc) > 0) {}  // may take the early event back
+    push_n(cq, 1, id++);  // after the arm: an event for it, or the early one stands
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (heard.load() == before && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    ASSERT_GT(heard.load(), before) << "round " << round << ": the waiter slept on";
+    while (poll_cq(cq, 16, wc) > 0) {}
+  }
+  stop.store(true);
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);
+  push_n(cq, 1, id);  // wakes the waiter to see `stop`
+  waiter.join();
+}
+
 // Completions no event told of, unpolled when the CQ is armed: their event is queued at
 // once (an early event, as on mlx4/mlx5), and the arm is spent when it is taken.
 TEST_F(ChannelTest, ArmingOverUnannouncedCompletionsQueuesAnEarlyEvent) {
