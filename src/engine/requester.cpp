@@ -138,7 +138,9 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
   // hosts' on the wire (roce_post completes it then), decision 0008.
   if (qp->type == IBV_QPT_UD && wire::route(w.dgid, w.remote_qpn) == wire::Route::Multicast) {
     Outcome here = execute(qp, w);
-    if (here.kind == Outcome::Ack && roce_post(qp, w)) return true;
+    if (here.kind == Outcome::Ack && roce_post(qp, w)) return true;  // traced as it leaves
+    // This host only: `softverbs trace` writes the one datagram to the group a NIC would.
+    if (debug_hooks_armed()) trace_exchange(qp, w, here, false);
     return complete(qp, w, here, st);
   }
   // ---- `softverbs inject` on a connected QP of the wire: fail and delay act on the WQE

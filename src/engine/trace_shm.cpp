@@ -18,6 +18,7 @@
 #include "engine/engine.hpp"
 #include "engine/roce.hpp"
 #include "wire/roce/icrc.hpp"
+#include "wire/roce/port.hpp"
 #include "wire/roce/packet.hpp"
 #include "wire/roce/pcap.hpp"
 
@@ -171,6 +172,10 @@ void trace_exchange(Qp* qp, const SendWqe& w, const Outcome& o, bool resend) {
   if (!send && !write && !read && !atomic && !atomic_write && !flush_op)
     return;  // local operations send nothing
   if (qp->type == IBV_QPT_UD && !send) return;
+  // A group of the other IP version than the source: no packet could carry it.
+  if (qp->type == IBV_QPT_UD && rw::IpAddress::from_gid(w.sgid.raw).is_v4() !=
+                                    rw::IpAddress::from_gid(w.dgid.raw).is_v4())
+    return;
   if (o.kind == Outcome::Error && nak_code(o.status) < 0) return;  // failed before sending
 
   const TracePath path = trace_path(qp, w);

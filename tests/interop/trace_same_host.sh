@@ -11,11 +11,13 @@
 #     twice, a NAK for the injected REM_ACCESS_ERR).
 #   - twoproc_qp_ex (the post-send API: IBA 1.5's ATOMIC WRITE and FLUSH, each answered by
 #     an empty RDMA READ RESPONSE ONLY; Wireshark 4.0 names their opcodes "Unknown").
-#   trace_same_host.sh SOFTVERBS PORT SEMANTICS_TEST INJECT_TEST QP_EX_TEST. Exit 77 without
-#   tshark.
+#   - mcast_ud (UD to a multicast group of this host: each send one UD SEND ONLY to the
+#     group's address and DestQP 0xFFFFFF, as a NIC would put it on the wire).
+#   trace_same_host.sh SOFTVERBS PORT SEMANTICS_TEST INJECT_TEST QP_EX_TEST MCAST_TEST. Exit
+#   77 without tshark.
 set -euo pipefail
 here=$(dirname "$0")
-softverbs=$1 port=$2 semantics=$3 inject=$4 qp_ex=$5
+softverbs=$1 port=$2 semantics=$3 inject=$4 qp_ex=$5 mcast=$6
 command -v tshark >/dev/null || { echo "skipped: no tshark"; exit 77; }
 dir=$(mktemp -d)
 export SOFTVERBS_STATE_DIR=$dir/state HOME=$dir
@@ -102,6 +104,14 @@ check_pcap "$dir/qp_ex.pcap" 16 28 29
 flushes=$(count "$dir/qp_ex.pcap" '$1 == 28') awrites=$(count "$dir/qp_ex.pcap" '$1 == 29')
 # Two FLUSHes and one ATOMIC WRITE that succeed, one of each refused (REM_ACCESS_ERR).
 ((flushes == 3 && awrites == 2)) || fail "$flushes FLUSH and $awrites ATOMIC WRITE requests, not 3 and 2"
+echo "== mcast_ud"
+"$softverbs" trace -w "$dir/mcast.pcap" -- "$mcast" >"$dir/mcast.log" 2>&1 ||
+  { cat "$dir/mcast.log"; fail "mcast_ud"; }
+check_pcap "$dir/mcast.pcap" 100
+# Its three sends to the group (230.0.0.7), one datagram each, whatever the members.
+groups=$(tshark -r "$dir/mcast.pcap" -n -T fields -e infiniband.bth.destqp -e ip.dst 2>/dev/null |
+  awk '$1 == "0xffffff" && $2 == "230.0.0.7" { n++ } END { print n + 0 }')
+((groups == 3)) || fail "$groups datagrams to the group, not 3"
 echo "== every capture, merged"
 mergecap -F pcap -w "$dir/all.pcap" "$dir"/*.pcap
 bash "$here/../unit/roce_pcap_tshark.sh" --pcap "$dir/all.pcap" | tail -2
