@@ -113,12 +113,19 @@ void cq_purge_qp(Cq* cq, uint32_t qpn) {
   uint64_t head = cq->head.load(), tail = cq->tail.load();
   uint64_t mask = cq->ring.size() - 1;
   uint64_t kept = head;
+  // The last event told of the ring up to `announced`: after the purge, of what is kept of
+  // that part (else completions that come later would pass for told of).
+  const uint64_t announced = cq->announced.load(std::memory_order_relaxed);
+  uint64_t now_announced = announced;
   for (uint64_t i = head; i != tail; ++i) {
+    if (i == announced) now_announced = kept;
     const ibv_wc& wc = cq->ring[i & mask];
     if (wc.qp_num == qpn) continue;
     if (cq->stamp_kinds) cq->stamps[kept & mask] = cq->stamps[i & mask];
     cq->ring[kept++ & mask] = wc;
   }
+  if (announced - head >= tail - head) now_announced = announced > head ? kept : announced;
+  cq->announced.store(now_announced, std::memory_order_relaxed);
   cq->tail.store(kept, std::memory_order_release);
 }
 

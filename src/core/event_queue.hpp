@@ -112,6 +112,14 @@ class EventQueue {
       }
   }
 
+  // Whether an event equal to `item` is still queued. Only from `deliver` (below), which
+  // runs under the queue lock.
+  bool queued_locked(const T& item) const {
+    for (const T& i : items_)
+      if (i == item) return true;
+    return false;
+  }
+
   // Pops the oldest event. `deliver(item)` runs under the queue lock, so an event is
   // either still queued or already counted as handed out, never in between (destroy
   // relies on that to know which events it must wait for).

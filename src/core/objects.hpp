@@ -302,9 +302,10 @@ struct Cq {
   // past it and past head are unpolled and no event told of them (they came while the CQ
   // was not armed): arming queues an early event for them (req_notify_cq).
   std::atomic<uint64_t> announced{0};
-  // That early event sits in the channel's FIFO and the CQ is still armed. Changed under
-  // the channel's queue lock and produce_mu; read under either. A new completion makes it
-  // an ordinary event, handing it out disarms the CQ, and a poll that empties the CQ first
+  // That early event sits in the channel's FIFO and the CQ is still armed. Set under the
+  // channel's queue lock and produce_mu, cleared under produce_mu (and, but for a new
+  // completion, the queue lock too), read under produce_mu. A new completion makes it an
+  // ordinary event, handing it out disarms the CQ, and a poll that empties the CQ first
   // takes it back (cq.cpp). `early_hint` mirrors it for ibv_poll_cq's one relaxed load.
   bool early_pending = false;
   std::atomic<bool> early_hint{false};

@@ -444,10 +444,12 @@ void look_at_ready(CompChannel* ch, uint64_t wakeups) {
 int get_cq_event(CompChannel* ch, ibv_cq** out_cq, void** out_context) {
   engine::roce_flush_held();  // may sleep: no ACK waits for this thread
   Cq* cq = nullptr;
-  auto deliver = [](Cq* c) {
+  auto deliver = [ch](Cq* c) {
     bool sync_timer = false;
-    if (c->early_hint.load(std::memory_order_relaxed)) {
-      // An early event handed out is the CQ's event: the arm is spent.
+    // An early event handed out is the CQ's event: the arm is spent. An older event of the
+    // CQ's may come out first (it was still queued when the CQ was armed again): then the
+    // one left is the early one, still taken back by a poll that empties the CQ.
+    if (c->early_hint.load(std::memory_order_relaxed) && !ch->events.queued_locked(c)) {
       std::lock_guard<SpinLock> lock(c->produce_mu);
       if (c->early_pending) sync_timer = cq_disarm_locked(c);
     }

@@ -468,6 +468,9 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
     refresh_send_path(qp);
     cq_purge_qp(qp->send_cq, qp->qpn());
     if (qp->recv_cq != qp->send_cq) cq_purge_qp(qp->recv_cq, qp->qpn());
+    // A CQ the purge emptied takes its early event back (nothing is left to tell of).
+    cq_polled(qp->send_cq);
+    if (qp->recv_cq != qp->send_cq) cq_polled(qp->recv_cq);
   } else if (next == IBV_QPS_ERR) {
     engine::close_window(qp, true);  // what the peer left there was acknowledged: it lands
     qp->state.store(IBV_QPS_ERR);

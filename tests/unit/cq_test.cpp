@@ -304,6 +304,45 @@ TEST_F(ChannelTest, NewCompletionTurnsTheEarlyEventIntoTheEvent) {
 
 // Completions the last event told of make no second event when the CQ is re-armed with
 // them still unpolled (the man page's loop arms before it polls).
+// An ordinary event still queued when the CQ is armed again over new completions: the
+// early event queues behind it, and handing out the older one leaves the early one to be
+// taken back by a poll that empties the CQ.
+TEST_F(ChannelTest, AnOlderEventHandedOutLeavesTheEarlyOneToTakeBack) {
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);
+  push_n(cq, 1);                       // fires, not taken yet
+  push_n(cq, 1, 2);                    // after that event
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);  // early event behind the first
+  EXPECT_EQ(event(), cq->cq());        // the first
+  ibv_wc wc[16];
+  ASSERT_EQ(poll_cq(cq, 16, wc), 2);
+  EXPECT_FALSE(readable(ch->ibv.fd)) << "an event left with nothing behind it";
+  push_n(cq, 1, 3);
+  EXPECT_EQ(event(), cq->cq()) << "the second arm is still pending";
+  EXPECT_EQ(event(), nullptr);
+}
+
+// A QP reset purges its completions: what the last event told of shrinks with the ring,
+// so completions that come afterwards are still ones no event told of.
+TEST_F(ChannelTest, APurgeKeepsTheAnnouncedMarkOnWhatIsLeft) {
+  auto push_for = [this](uint32_t qpn, uint64_t id) {
+    ibv_wc wc = make_wc(id);
+    wc.qp_num = qpn;
+    ASSERT_TRUE(cq_push(cq, wc, false));
+  };
+  push_for(7, 1);
+  push_for(8, 2);
+  push_for(7, 3);
+  push_for(8, 4);
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);
+  EXPECT_EQ(event(), cq->cq());  // it told of all four
+  cq_purge_qp(cq, 7);            // two left
+  push_for(8, 5);
+  push_for(8, 6);                // no event told of these
+  ASSERT_EQ(req_notify_cq(cq, 0), 0);
+  EXPECT_TRUE(readable(ch->ibv.fd)) << "the purge left the mark past the new completions";
+  EXPECT_EQ(event(), cq->cq());
+}
+
 // A completion that came after the event, before the re-arm, is one no event told of.
 TEST_F(ChannelTest, ArmingOverAnnouncedCompletionsFiresNothing) {
   ASSERT_EQ(req_notify_cq(cq, 0), 0);
