@@ -302,8 +302,6 @@ TEST_F(ChannelTest, NewCompletionTurnsTheEarlyEventIntoTheEvent) {
   EXPECT_FALSE(readable(ch->ibv.fd)) << "the arm was spent";
 }
 
-// Completions the last event told of make no second event when the CQ is re-armed with
-// them still unpolled (the man page's loop arms before it polls).
 // An ordinary event still queued when the CQ is armed again over new completions: the
 // early event queues behind it, and handing out the older one leaves the early one to be
 // taken back by a poll that empties the CQ.
@@ -343,6 +341,8 @@ TEST_F(ChannelTest, APurgeKeepsTheAnnouncedMarkOnWhatIsLeft) {
   EXPECT_EQ(event(), cq->cq());
 }
 
+// Completions the last event told of make no second event when the CQ is re-armed with
+// them still unpolled (the man page's loop arms before it polls).
 // A completion that came after the event, before the re-arm, is one no event told of.
 TEST_F(ChannelTest, ArmingOverAnnouncedCompletionsFiresNothing) {
   ASSERT_EQ(req_notify_cq(cq, 0), 0);
