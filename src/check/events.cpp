@@ -28,8 +28,10 @@ ObjState* find_locked(const void* handle) {
 }
 
 // Why a blocking wait on `ch` cannot end by itself, or "" if it can. `kind` gets the
-// report's kind and `object` what it is about.
-std::string diagnose_wait(CompChannel* ch, const char** kind, const void** object) {
+// report's kind and `object` what it is about; `ends_now` whether softverbs' early event
+// (a lost wake-up by the man page) ends the wait at once.
+std::string diagnose_wait(CompChannel* ch, const char** kind, const void** object,
+                          bool* ends_now) {
   // Readable: an event (or a peer's wake-up) is there already; but the early event of a
   // CQ armed over unpolled completions is ours (and mlx4/mlx5's), not the man page's.
   pollfd p{ch->ibv.fd, POLLIN, 0};
@@ -40,7 +42,8 @@ std::string diagnose_wait(CompChannel* ch, const char** kind, const void** objec
     cqs = ch->cqs;
   }
   std::string lost, unarmed;
-  bool any_armed = false, lost_early = false;
+  bool any_armed = false;
+  *ends_now = false;
   std::lock_guard<std::mutex> lock(state().mu);
   for (Cq* cq : cqs) {
     ObjState* o = find_locked(cq->cq());
@@ -67,7 +70,7 @@ std::string diagnose_wait(CompChannel* ch, const char** kind, const void** objec
                      : "those completions make no event, so this wait ends only if another "
                        "completion comes");
       lost = buf;
-      lost_early = early;
+      *ends_now = early;
       *object = cq->cq();
     }
     if (!armed) {
@@ -81,7 +84,7 @@ std::string diagnose_wait(CompChannel* ch, const char** kind, const void** objec
     }
   }
   if (!lost.empty()) {
-    *kind = lost_early ? "lost-wakeup-early" : "lost-wakeup";
+    *kind = "lost-wakeup";
     return lost;
   }
   if (readable || any_armed) return "";
@@ -185,17 +188,17 @@ void before_get_cq_event(CompChannel* ch, Site site) {
   if (flags < 0 || (flags & O_NONBLOCK)) return;  // it answers EAGAIN, it does not hang
   const char* kind = nullptr;
   const void* object = nullptr;
-  std::string what = diagnose_wait(ch, &kind, &object);
+  bool ends_now = false;
+  std::string what = diagnose_wait(ch, &kind, &object, &ends_now);
   if (what.empty()) return;
   // An early event is queued: the wait ends now, with it; report at once.
-  if (std::string(kind) != "lost-wakeup-early") {
+  if (!ends_now) {
     // Another thread may still arm or poll: look again after a second without an event.
     pollfd p{ch->ibv.fd, POLLIN, 0};
     if (poll(&p, 1, 1000) != 0) return;
-    what = diagnose_wait(ch, &kind, &object);
+    what = diagnose_wait(ch, &kind, &object, &ends_now);
     if (what.empty()) return;
   }
-  if (std::string(kind) == "lost-wakeup-early") kind = "lost-wakeup";
   const bool lost = std::string(kind) == "lost-wakeup";
   report(kind, object, fmt_ptr("ibv_get_cq_event: channel", &ch->ibv),
          site, what,

@@ -169,39 +169,39 @@ uint32_t effective_qkey(Qp* qp, uint32_t wr_qkey) {
   return (wr_qkey & 0x80000000u) ? qp->send_path.qkey : wr_qkey;
 }
 
+// The datagram of built WQE `w` (at most kUdPayload bytes) into the UD window of QP
+// dst_qpn of another process; false: no window or a full ring (the agent path then).
+bool window_datagram(Qp* qp, uint32_t dst_qpn, const SendWqe& w, const iovec* local,
+                     int nlocal) {
+  wire::UdPeerWindow* p = ud_peer(qp, dst_qpn);
+  wire::UdSlot* s = p ? ud_slot(p) : nullptr;
+  if (!s) return false;
+  uint32_t len = static_cast<uint32_t>(w.total_length);
+  iovec to{s->data, len};
+  wire::copy_local(&to, 1, local, nlocal, len);
+  ud_commit(p, *s, {len, w.opcode, w.flags, w.imm, effective_qkey(qp, w.remote_qkey), &w.sgid, &w.dgid});
+  return true;
+}
+
 }  // namespace
 
 std::optional<Outcome> send_ud_through_window(Qp* qp, const SendWqe& w, const iovec* local,
                                               int nlocal) {
   if (w.total_length > wire::kUdPayload || wire::route(w.dgid, w.remote_qpn) != wire::Route::Shm)
     return std::nullopt;
-  wire::UdPeerWindow* p = ud_peer(qp, w.remote_qpn);
-  wire::UdSlot* s = p ? ud_slot(p) : nullptr;
-  if (!s) return std::nullopt;
-  uint32_t len = static_cast<uint32_t>(w.total_length);
-  iovec to{s->data, len};
-  wire::copy_local(&to, 1, local, nlocal, len);
-  ud_commit(p, *s, {len, w.opcode, w.flags, w.imm, effective_qkey(qp, w.remote_qkey), &w.sgid, &w.dgid});
-  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, len};
+  if (!window_datagram(qp, w.remote_qpn, w, local, nlocal)) return std::nullopt;
+  return Outcome{Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(w.total_length)};
 }
 
 Outcome send_ud_to_group(Qp* qp, const SendWqe& w, const iovec* local, int nlocal,
                          const wire::Request& req) {
-  const uint32_t qkey = effective_qkey(qp, w.remote_qkey);
-  const uint32_t len = static_cast<uint32_t>(w.total_length);
   for (uint32_t qpn : wire::mcast_members(w.dgid)) {
     if (qpn == req.src_qpn && req.skip_self) continue;
     // Another process's member: its window, as a unicast datagram to it. The agent path
     // (no window, a full ring) drains its windows first, so the order holds either way.
     const bool ours = wire::slot_of_qpn(qpn) == wire::my_slot();
-    if (!ours && len <= wire::kUdPayload)
-      if (wire::UdPeerWindow* p = ud_peer(qp, qpn))
-        if (wire::UdSlot* s = ud_slot(p)) {
-          iovec to{s->data, len};
-          wire::copy_local(&to, 1, local, nlocal, len);
-          ud_commit(p, *s, {len, w.opcode, w.flags, w.imm, qkey, &w.sgid, &w.dgid});
-          continue;
-        }
+    if (!ours && w.total_length <= wire::kUdPayload && window_datagram(qp, qpn, w, local, nlocal))
+      continue;
     wire::Request copy = req;
     copy.dst_qpn = qpn;
     wire::deliver(ours ? wire::Route::Loop : wire::Route::Shm, w.dgid, copy);

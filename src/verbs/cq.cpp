@@ -266,13 +266,13 @@ uint64_t take_wire(Cq* cq, bool want) {
   return tail;
 }
 
-// Under cq->produce_mu: armed for the next completion, with completions unpolled that no
-// event told of.
-bool unannounced_locked(Cq* cq) {
+// Armed for the next completion, with completions unpolled that no event told of: exact
+// under cq->produce_mu, a hint without it.
+bool unannounced(Cq* cq) {
   if (cq->armed.load(std::memory_order_relaxed) != wire::kArmNext) return false;
   const uint64_t seen = std::max(cq->head.load(std::memory_order_acquire),
                                  cq->announced.load(std::memory_order_relaxed));
-  return cq->tail.load(std::memory_order_relaxed) > seen;
+  return cq->tail.load(std::memory_order_acquire) > seen;
 }
 
 // Arming a CQ that holds unpolled completions no event told of (they came while it was not
@@ -285,15 +285,11 @@ bool unannounced_locked(Cq* cq) {
 // then polls, takes an event with nothing behind it for an error.
 void queue_early_event(Cq* cq) {
   CompChannel* ch = cq->channel;
-  if (!ch || cq->armed.load(std::memory_order_relaxed) != wire::kArmNext) return;
-  const uint64_t tail = cq->tail.load(std::memory_order_acquire);
-  if (tail <= std::max(cq->head.load(std::memory_order_relaxed),
-                       cq->announced.load(std::memory_order_relaxed)))
-    return;  // the common case, without a lock
+  if (!ch || !unannounced(cq)) return;  // the common case, without a lock
   ch->events.push_if(cq, [cq] {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
     // (Moderation holding an event back already tells of them, when its time comes.)
-    if (cq->early_pending || cq->destroying || cq->mod_pending != 0 || !unannounced_locked(cq))
+    if (cq->early_pending || cq->destroying || cq->mod_pending != 0 || !unannounced(cq))
       return false;
     cq->early_pending = true;
     cq->early_hint.store(true, std::memory_order_relaxed);
