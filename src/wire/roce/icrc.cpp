@@ -250,15 +250,9 @@ uint32_t pseudo_reg(const IcrcContext& ctx, size_t len) {
 }
 
 // The datagram's own bytes (BTH up to the ICRC, `n` of them) onto reg, byte 4 of the BTH
-// masked: two CRC runs, the first 16 bytes from a masked copy.
-uint32_t body_crc(uint32_t reg, const uint8_t* d, size_t n) {
-  uint8_t head[16];
-  const size_t h = n < sizeof head ? n : sizeof head;
-  memcpy(head, d, h);
-  if (h > 4) head[4] = 0xff;  // FECN, BECN and reserved bits: variant
-  reg = crc32_update(reg, head, h);
-  return crc32_update(reg, d + h, n - h);
-}
+// (FECN, BECN and reserved bits: variant) masked to ones.
+uint32_t crc32_run(uint32_t reg, const uint8_t* data, size_t n, uint8_t or4);
+uint32_t body_crc(uint32_t reg, const uint8_t* d, size_t n) { return crc32_run(reg, d, n, 0xff); }
 
 }  // namespace
 
@@ -268,7 +262,8 @@ namespace {
 // Using PCLMULQDQ"): 64 bytes at a time are folded four 128-bit lanes forward by 512 bits,
 // the lanes into one, then 128 -> 64 -> 32 bits and a Barrett reduction. The constants are
 // x^k mod P(x) for the reflected Ethernet polynomial, as published with that method.
-// `reg` as in crc32_update; n >= 64 and a multiple of 16.
+// Every path takes n >= 16 bytes, any length, and a byte `or4` ORed into byte 4 of the
+// data: the ICRC's masked BTH byte, applied to the first block as it is loaded (no copy).
 // x * K folded forward: its low half times K's low, its high half times K's high.
 __attribute__((target("pclmul,sse4.1"))) inline __m128i clmul_fold(__m128i x, __m128i k) {
   return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
@@ -278,20 +273,37 @@ __attribute__((target("pclmul,sse4.1"))) inline __m128i load16(const uint8_t* at
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
 }
 
-// Four 128-bit lanes (64 bytes folded so far, the rest `p`, `n` a multiple of 16) to the CRC.
+// What the first block is XORed with: the register in bytes 0..3 (a CRC from register r
+// over M is the CRC from 0 over M with r added to its first four bytes) and or4's bits
+// in byte 4 (or4 is ORed: ORing is XORing with the bits that were not set yet).
+__attribute__((target("pclmul,sse4.1"))) inline __m128i first_block(const uint8_t* p, uint32_t reg,
+                                                                    uint8_t or4) {
+  const __m128i data = load16(p);
+  const __m128i ones4 = _mm_cvtsi32_si128(or4);
+  const __m128i set4 = _mm_andnot_si128(data, _mm_slli_si128(ones4, 4));
+  return _mm_xor_si128(_mm_xor_si128(data, set4), _mm_cvtsi32_si128(static_cast<int>(reg)));
+}
+
+// One 128-bit lane (everything folded so far, from a zero register), the rest `p`, `n` any
+// length, to the CRC register.
 // Always inlined: in the AVX2 path it is then VEX-encoded too (legacy SSE code right after
 // 256-bit code pays a state transition on some CPUs).
-__attribute__((target("pclmul,sse4.1"), always_inline)) inline uint32_t crc32_lanes(__m128i x1, __m128i x2, __m128i x3,
-                                                                __m128i x4, const uint8_t* p,
-                                                                size_t n) {
+__attribute__((target("pclmul,sse4.1"), always_inline)) inline uint32_t crc32_finish(__m128i x1, const uint8_t* p,
+                                                                                     size_t n) {
   const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
   const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124);
   const __m128i poly_mu = _mm_set_epi64x(0x1f7011641, 0x1db710641);
   const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
-  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x2);
-  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x3);
-  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x4);
   for (; n >= 16; n -= 16, p += 16) x1 = _mm_xor_si128(clmul_fold(x1, k3k4), load16(p));
+  if (n != 0) {
+    // The last n < 16 bytes T: from a zero register, leading zero bytes change nothing, so
+    // the stream [x1][T] is [16 - n zeros][x1][T], two whole blocks to fold as above.
+    alignas(16) uint8_t both[32] = {};
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(both + 16 - n), x1);
+    memcpy(both + 32 - n, p, n);
+    x1 = _mm_xor_si128(clmul_fold(_mm_load_si128(reinterpret_cast<const __m128i*>(both)), k3k4),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(both + 16)));
+  }
   // 128 -> 64 bits: the low half times k4, into the high half.
   x1 = _mm_xor_si128(_mm_clmulepi64_si128(k3k4, x1, 0x01), _mm_srli_si128(x1, 8));
   // 64 -> 32 bits, k5.
@@ -303,11 +315,24 @@ __attribute__((target("pclmul,sse4.1"), always_inline)) inline uint32_t crc32_la
   return static_cast<uint32_t>(_mm_extract_epi32(_mm_xor_si128(t, x1), 1));
 }
 
-__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, const uint8_t* p,
+// Four lanes (64 bytes folded so far) into one, 128 bits apart, then the rest.
+__attribute__((target("pclmul,sse4.1"), always_inline)) inline uint32_t crc32_lanes(__m128i x1, __m128i x2, __m128i x3,
+                                                                __m128i x4, const uint8_t* p,
                                                                 size_t n) {
+  const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
+  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x2);
+  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x3);
+  x1 = _mm_xor_si128(clmul_fold(x1, k3k4), x4);
+  return crc32_finish(x1, p, n);
+}
+
+// n >= 16: one lane below 64 bytes, four from 64 on.
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, const uint8_t* p,
+                                                                size_t n, uint8_t or4) {
+  const __m128i x0 = first_block(p, reg, or4);
+  if (n < 64) return crc32_finish(x0, p + 16, n - 16);
   const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);  // x^480, x^544: 512 bits on
-  __m128i x1 = _mm_xor_si128(load16(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
-  __m128i x2 = load16(p + 16), x3 = load16(p + 32), x4 = load16(p + 48);
+  __m128i x1 = x0, x2 = load16(p + 16), x3 = load16(p + 32), x4 = load16(p + 48);
   p += 64;
   n -= 64;
   for (; n >= 64; n -= 64, p += 64) {
@@ -323,18 +348,18 @@ __attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t reg, cons
 // them take 256 bytes a step, each folded 2048 bits on (x^2016 and x^2080 mod P, reflected
 // and shifted as the 512-bit constants are); then the four fold into one 512 bits apart.
 // About twice the speed on 1 KiB packets, where most of a RoCE datagram's CRC time goes.
+// n >= 256.
 #define SV_AVX512_CLMUL __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.1")))
 SV_AVX512_CLMUL inline __m512i clmul_fold512(__m512i x, __m512i k) {
   return _mm512_xor_si512(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11));
 }
 
-SV_AVX512_CLMUL uint32_t crc32_vclmul(uint32_t reg, const uint8_t* p, size_t n) {
+SV_AVX512_CLMUL uint32_t crc32_vclmul(uint32_t reg, const uint8_t* p, size_t n, uint8_t or4) {
   const __m512i k2048 = _mm512_set_epi64(0x1322d1430, 0x11542778a, 0x1322d1430, 0x11542778a,
                                          0x1322d1430, 0x11542778a, 0x1322d1430, 0x11542778a);
   const __m512i k512 = _mm512_set_epi64(0x1c6e41596, 0x154442bd4, 0x1c6e41596, 0x154442bd4,
                                         0x1c6e41596, 0x154442bd4, 0x1c6e41596, 0x154442bd4);
-  __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p),
-                                _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(reg))));
+  __m512i a0 = _mm512_inserti32x4(_mm512_loadu_si512(p), first_block(p, reg, or4), 0);
   __m512i a1 = _mm512_loadu_si512(p + 64), a2 = _mm512_loadu_si512(p + 128),
           a3 = _mm512_loadu_si512(p + 192);
   p += 256;
@@ -358,7 +383,7 @@ SV_AVX512_CLMUL uint32_t crc32_vclmul(uint32_t reg, const uint8_t* p, size_t n) 
 // The same with AVX2 VPCLMULQDQ (CPUs with it and without AVX-512): a 256-bit register is
 // two lanes, four of them take 128 bytes a step, each folded 1024 bits on (x^992 and x^1056
 // mod P); then the four fold into one 256 bits apart (x^224, x^288), and its two lanes
-// finish as the PCLMULQDQ path's last lanes do. n >= 128 and a multiple of 16.
+// finish as the PCLMULQDQ path's last lanes do. n >= 128.
 #define SV_AVX2_CLMUL __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1")))
 SV_AVX2_CLMUL inline __m256i clmul_fold256(__m256i x, __m256i k) {
   return _mm256_xor_si256(_mm256_clmulepi64_epi128(x, k, 0x00), _mm256_clmulepi64_epi128(x, k, 0x11));
@@ -368,10 +393,10 @@ SV_AVX2_CLMUL inline __m256i load32(const uint8_t* at) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
 }
 
-SV_AVX2_CLMUL uint32_t crc32_vclmul256(uint32_t reg, const uint8_t* p, size_t n) {
+SV_AVX2_CLMUL uint32_t crc32_vclmul256(uint32_t reg, const uint8_t* p, size_t n, uint8_t or4) {
   const __m256i k1024 = _mm256_set_epi64x(0x14a7fe880, 0x1e88ef372, 0x14a7fe880, 0x1e88ef372);
   const __m256i k256 = _mm256_set_epi64x(0x15a546366, 0x0f1da05aa, 0x15a546366, 0x0f1da05aa);
-  __m256i a0 = _mm256_xor_si256(load32(p), _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(reg))));
+  __m256i a0 = _mm256_inserti128_si256(load32(p), first_block(p, reg, or4), 0);
   __m256i a1 = load32(p + 32), a2 = load32(p + 64), a3 = load32(p + 96);
   p += 128;
   n -= 128;
@@ -384,7 +409,7 @@ SV_AVX2_CLMUL uint32_t crc32_vclmul256(uint32_t reg, const uint8_t* p, size_t n)
   a0 = _mm256_xor_si256(clmul_fold256(a0, k256), a1);
   a0 = _mm256_xor_si256(clmul_fold256(a0, k256), a2);
   a0 = _mm256_xor_si256(clmul_fold256(a0, k256), a3);
-  // Zero lanes fold to zero: the 32 bytes left are the last two of four.
+  // A zero lane folds to zero: the 32 bytes left are the last two of four.
   const __m128i zero = _mm_setzero_si128();
   return crc32_lanes(zero, zero, _mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1), p, n);
 }
@@ -416,32 +441,8 @@ bool have_clmul() {
   return yes;
 }
 
-}  // namespace
-
-uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
-  // Long runs (payloads) by carry-less multiplication where the CPU has it, else through
-  // zlib's CRC-32 (the same polynomial and reflection: zlib's crc32(c, p, n) is
-  // ~crc32_update(~c, p, n)); both beat the tables below (on this VM: tables 2.2 GB/s,
-  // zlib 3.8).
-  if (n >= 256 && have_vclmul()) {
-    size_t bulk = n & ~size_t{15};
-    reg = crc32_vclmul(reg, data, bulk);
-    data += bulk;
-    n -= bulk;
-  } else if (n >= 128 && have_vclmul256()) {
-    size_t bulk = n & ~size_t{15};
-    reg = crc32_vclmul256(reg, data, bulk);
-    data += bulk;
-    n -= bulk;
-  } else if (n >= 64 && have_clmul()) {
-    size_t bulk = n & ~size_t{15};
-    reg = crc32_clmul(reg, data, bulk);
-    data += bulk;
-    n -= bulk;
-  } else if (n >= 256) {
-    return ~static_cast<uint32_t>(::crc32(~reg, data, static_cast<uInt>(n)));
-  }
-  if (n == 0) return reg;
+// Eight bytes at a time through the tables, then one at a time.
+uint32_t crc32_tables(uint32_t reg, const uint8_t* data, size_t n) {
   const CrcTables& c = tables();
   for (; n >= 8; n -= 8, data += 8) {
     const uint32_t lo = reg ^ load_le32(data);
@@ -453,6 +454,32 @@ uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) {
   for (; n != 0; --n, ++data) reg = (reg >> 8) ^ c.t[0][(reg ^ *data) & 0xff];
   return reg;
 }
+
+// crc32_update with `or4` ORed into byte 4 of data (0: none).
+uint32_t crc32_run(uint32_t reg, const uint8_t* data, size_t n, uint8_t or4) {
+  // Long runs (payloads) by carry-less multiplication where the CPU has it, tail included,
+  // else through zlib's CRC-32 (the same polynomial and reflection: zlib's crc32(c, p, n)
+  // is ~crc32_update(~c, p, n)); both beat the tables (on this VM: tables 2.2 GB/s,
+  // zlib 3.8). From 16 bytes on the carry-less path also beats two table steps.
+  if (n >= 256 && have_vclmul()) return crc32_vclmul(reg, data, n, or4);
+  if (n >= 128 && have_vclmul256()) return crc32_vclmul256(reg, data, n, or4);
+  if (n >= 16 && have_clmul()) return crc32_clmul(reg, data, n, or4);
+  if (or4 != 0 && n > 4) {
+    uint8_t head[8];
+    const size_t h = n < sizeof head ? n : sizeof head;
+    memcpy(head, data, h);
+    head[4] |= or4;
+    reg = crc32_tables(reg, head, h);
+    data += h;
+    n -= h;
+  }
+  if (n >= 256) return ~static_cast<uint32_t>(::crc32(~reg, data, static_cast<uInt>(n)));
+  return crc32_tables(reg, data, n);
+}
+
+}  // namespace
+
+uint32_t crc32_update(uint32_t reg, const uint8_t* data, size_t n) { return crc32_run(reg, data, n, 0); }
 
 IcrcContext IcrcContext::from_gids(const uint8_t sgid[16], const uint8_t dgid[16],
                                    uint16_t src_port, uint16_t dst_port) {
@@ -498,6 +525,11 @@ void IcrcBuilder::add_all(const uint8_t* dgram, size_t n) {
 
 void IcrcBuilder::add(const uint8_t* data, size_t n) {
   constexpr size_t kMaskedBthByte = 4;  // FECN, BECN and reserved bits: variant
+  if (offset_ == 0 && n > kMaskedBthByte) {
+    reg_ = crc32_run(reg_, data, n, 0xff);
+    offset_ = n;
+    return;
+  }
   if (offset_ <= kMaskedBthByte && offset_ + n > kMaskedBthByte) {
     const size_t before = kMaskedBthByte - offset_;
     static constexpr uint8_t kOnes = 0xff;
