@@ -169,12 +169,18 @@ bool gso_enabled() {
   }();
   return on;
 }
-// Payload is gathered from registered memory (sendmsg's iovecs) rather than copied into the
-// batch first, except when each datagram must be whole in one place: for the trace, and for
-// the fault injector (which also turns GSO off).
+// Payload is copied into the batch, a GSO send's datagrams back to back there and handed
+// to the kernel as one iovec; SOFTVERBS_GATHER=1 gathers it from registered memory instead
+// (sendmsg's iovecs: header, payload, trailer per datagram), except when each datagram must
+// be whole in one place: for the trace, and for the fault injector (which also turns GSO
+// off). The kernel copies 186 iovecs of a 62-datagram GSO send piece by piece, dearer than
+// our copy and its one run (docs/roce.md, "Sending").
 bool gather_enabled() {
-  static const bool off = std::getenv("SOFTVERBS_NO_GATHER") != nullptr;
-  return !off && !faults_on() && !trace();
+  static const bool on = [] {
+    const char* v = std::getenv("SOFTVERBS_GATHER");
+    return v && *v && *v != '0';
+  }();
+  return on && !faults_on() && !trace();
 }
 
 OutBatch& out_batch() { return FastTlsHeap<OutBatch>::get(); }

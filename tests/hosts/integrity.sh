@@ -36,6 +36,8 @@ transport=${mode%%.*}
 common=(-t "$transport" -s 7 -w $((limit - 5)))
 case $mode in
   rc) common+=(-n 2000) ;;
+  # The payload gathered by sendmsg from registered memory, not copied into the batch.
+  rc.gather) common+=(-n 2000) extra_env=(SOFTVERBS_GATHER=1) ;;
   uc | ud) common+=(-n 1000) ;;
   rc.faults | rc.faults_nft)
     # A shorter ack timeout (16 ms) so that losses cost less time.
