@@ -124,6 +124,7 @@ rw::PcapWriter* trace() { return trace_writer(); }
 
 void on_datagram(const rw::Datagram& d);
 void on_timer(uint64_t qpn);
+void end_of_buffer();
 
 // The datagrams one call into a link produces (a burst of a message's packets, an ACK and
 // a READ response...), sent with one sendmmsg when the call ends. Back-to-back packets of
@@ -198,7 +199,7 @@ uint16_t roce_udp_port() {
 // This process's share of UDP port 4791, opened with the first link and closed with the
 // last (Port::acquire / release count).
 rw::Port& port() {
-  static rw::Port* p = new rw::Port(rw::PortConfig{roce_udp_port(), 0, {}}, &on_datagram,
+  static rw::Port* p = new rw::Port(rw::PortConfig{roce_udp_port(), 0, {}, -1, &end_of_buffer}, &on_datagram,
                                     &on_timer);  // immortal: its thread may outlive exit()
   return *p;
 }
@@ -1135,10 +1136,33 @@ void on_datagram(const rw::Datagram& d) {
   packet_to_qp(dest, d, pkt);
 }
 
+// A receive buffer's datagrams are one flow (UDP GRO), a stream's mostly for one QP: the QP
+// found for one is kept for the buffer's next (Datagram::more) and let go at the buffer's
+// end (end_of_buffer), so a QP's destroy waits for one buffer at most. Saves the registry's
+// lock, map look-up and reference count per packet (~5 % of a 1 MiB stream receiver's CPU).
+struct BufferQp {
+  uint32_t qpn = 0;
+  wire::QpRef qp;
+};
+
+void end_of_buffer() {
+  if (BufferQp* kept = FastTlsHeap<BufferQp>::peek()) kept->qp.reset();
+}
+
 // Hands a checked packet to the link of this process's QP `qpn`, if it has one.
 void packet_to_qp(uint32_t qpn, const rw::Datagram& d, const rw::Packet& pkt) {
-  wire::QpRef qp = wire::find_local(qpn);
-  if (!qp) return;
+  BufferQp& kept = FastTlsHeap<BufferQp>::get();
+  wire::QpRef found;
+  if (!kept.qp || kept.qpn != qpn) {
+    kept.qp.reset();
+    found = wire::find_local(qpn);
+    if (!found) return;
+    if (d.more) {
+      kept.qpn = qpn;
+      kept.qp = std::move(found);
+    }
+  }
+  Qp* qp = found ? found.get() : kept.qp.get();
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link) return;
   uint8_t grh[40];

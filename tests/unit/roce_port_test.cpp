@@ -252,14 +252,37 @@ TEST(RocePort, ItsOwnQpsDatagramsArriveWithTheirAddresses) {
   EXPECT_EQ(port.send(IpAddress::loopback_v4(), v4.data(), v4.size()), -ENOTCONN);
 }
 
+// The order of datagrams ('+': one of its buffer follows, '-': its buffer's last) and buffer
+// ends ('E', PortConfig::on_buffer_end) a port handed out.
+std::mutex g_buffer_log_mu;
+std::string g_buffer_log;
+void log_buffer_end() {
+  std::lock_guard<std::mutex> lock(g_buffer_log_mu);
+  g_buffer_log += 'E';
+}
+
 // A GSO send (OutDatagram::segment): the kernel cuts it into datagrams of that size (the
 // last shorter), each of which arrives whole, in order, with its own bytes; and Port::poll
-// receives on the caller's thread what the port's thread has not taken yet.
+// receives on the caller's thread what the port's thread has not taken yet. A receive
+// buffer's datagrams say whether another of the buffer follows (Datagram::more), and the
+// buffer-end handler runs after its last.
 TEST(RocePort, GsoSendArrivesAsItsDatagramsAndPollReceivesToo) {
   const uint16_t udp_port = free_udp_port();
   Inbox inbox;
   TempStateDir dir;
-  Port port({udp_port, 7, dir.path}, [&](const Datagram& d) { inbox.take(d); }, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(g_buffer_log_mu);
+    g_buffer_log.clear();
+  }
+  Port port({udp_port, 7, dir.path, -1, &log_buffer_end},
+            [&](const Datagram& d) {
+              {
+                std::lock_guard<std::mutex> lock(g_buffer_log_mu);
+                g_buffer_log += d.more ? '+' : '-';
+              }
+              inbox.take(d);
+            },
+            nullptr);
   ASSERT_EQ(port.acquire(), 0);
   ASSERT_TRUE(port.wait_rerouted(2000ms));
   std::vector<uint8_t> gso;
@@ -287,8 +310,12 @@ TEST(RocePort, GsoSendArrivesAsItsDatagramsAndPollReceivesToo) {
     at += sizes[i];
   }
   // The group socket takes the GSO send whole (UDP_GRO) and the port cuts it.
+  std::lock_guard<std::mutex> log_lock(g_buffer_log_mu);
   if (!std::getenv("SOFTVERBS_NO_GRO")) {
     EXPECT_EQ(port.stats().coalesced, 4u);
+    EXPECT_EQ(g_buffer_log, "+++-E");
+  } else {
+    EXPECT_EQ(g_buffer_log, "-E-E-E-E");
   }
 }
 

@@ -917,11 +917,13 @@ int Port::route_received(msghdr& msg, size_t size, bool multicast) {
   }
   int count = 0;
   size_t at = 0;
+  const uint64_t delivered_before = delivered_.load(std::memory_order_relaxed);
   do {  // an empty datagram too is one (dropped by route)
     d.data = data + at;
     d.size = std::min(step, size - at);
     at += d.size;
     ++count;
+    d.more = at < size;
     if (d.size > kMaxDatagram) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.dropped;
@@ -929,6 +931,9 @@ int Port::route_received(msghdr& msg, size_t size, bool multicast) {
     }
     route(d);
   } while (at < size);
+  // (Another thread's delivery meanwhile may call it for a buffer that had none: harmless.)
+  if (config_.on_buffer_end && delivered_.load(std::memory_order_relaxed) != delivered_before)
+    config_.on_buffer_end();
   return count;
 }
 

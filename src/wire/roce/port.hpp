@@ -63,6 +63,9 @@ struct Datagram {
   const uint8_t* data = nullptr;
   size_t size = 0;
   bool forwarded = false;  // came through another process (the steering was stale)
+  // Another datagram of the same receive buffer (a UDP GRO buffer: one flow) follows this
+  // one; PortConfig::on_buffer_end runs after the buffer's last.
+  bool more = false;
 };
 
 // One datagram to send (send_batch).
@@ -92,6 +95,10 @@ struct PortConfig {
   // How long the socket stays left to an application after its last poll (Port::poll_idle);
   // negative: SOFTVERBS_POLL_PARK (microseconds; default 1000, 0: never left to it).
   int64_t park_grace_ns = -1;
+  // Runs after the datagrams of a receive buffer that had any for this process were handed
+  // out, on the thread that handled them (nullptr: nothing): what the datagram handler kept
+  // for the buffer (Datagram::more) it lets go there.
+  void (*on_buffer_end)() = nullptr;
 };
 
 struct PortStats {
