@@ -417,7 +417,7 @@ SV_AVX2_CLMUL uint32_t crc32_vclmul256(uint32_t reg, const uint8_t* p, size_t n,
 
 // SOFTVERBS_NO_VPCLMUL=1 leaves both VPCLMULQDQ paths aside (tests of the plain one).
 bool vpclmul_allowed() {
-  static const bool yes = !std::getenv("SOFTVERBS_NO_VPCLMUL");
+  static const bool yes = !std::getenv("SOFTVERBS_NO_VPCLMUL") && !std::getenv("SOFTVERBS_NO_CLMUL");
   return yes;
 }
 
@@ -436,8 +436,10 @@ bool have_vclmul256() {
   return yes;
 }
 
+// SOFTVERBS_NO_CLMUL=1 leaves every carry-less path aside (tests of zlib and the tables).
 bool have_clmul() {
-  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
+                          !std::getenv("SOFTVERBS_NO_CLMUL");
   return yes;
 }
 
