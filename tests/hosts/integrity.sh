@@ -38,6 +38,7 @@ case $mode in
   rc) common+=(-n 2000) ;;
   # The payload gathered by sendmsg from registered memory, not copied into the batch.
   rc.gather) common+=(-n 2000) extra_env=(SOFTVERBS_GATHER=1) ;;
+  ud.gather) common+=(-n 1000) extra_env=(SOFTVERBS_GATHER=1) ;;
   uc | ud) common+=(-n 1000) ;;
   rc.faults | rc.faults_nft)
     # A shorter ack timeout (16 ms) so that losses cost less time.
