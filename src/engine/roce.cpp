@@ -161,13 +161,15 @@ bool faults_on() {
   }();
   return on;
 }
+// An environment switch turned on: set, and not to something starting with 0.
+bool switched_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && *v != '0';
+}
 // SOFTVERBS_NO_GSO=1: one datagram per send (for comparisons, and kernels without it).
 // Off as well under fault injection (a datagram's ICRC counts on its place in its GSO send).
 bool gso_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SOFTVERBS_NO_GSO");
-    return !(v && *v && *v != '0') && !faults_on();
-  }();
+  static const bool on = !switched_on("SOFTVERBS_NO_GSO") && !faults_on();
   return on;
 }
 // Payload is copied into the batch, a GSO send's datagrams back to back there and handed
@@ -177,10 +179,7 @@ bool gso_enabled() {
 // off). The kernel copies 186 iovecs of a 62-datagram GSO send piece by piece, dearer than
 // our copy and its one run (docs/roce.md, "Sending").
 bool gather_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SOFTVERBS_GATHER");
-    return v && *v && *v != '0';
-  }();
+  static const bool on = switched_on("SOFTVERBS_GATHER");
   return on && !faults_on() && !trace();
 }
 
