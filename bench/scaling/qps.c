@@ -136,6 +136,8 @@ static void run(int sock)
 			CHECK_OK(sv_post_recv(qps[i], i, mr, 0, 64));
 	sv_say(sock, 1);
 	CHECK_EQ(sv_hear(sock), 1);
+	/* From here until every SEND has completed on this side (B: every receive). */
+	double ts0 = now_s(), cs0 = cpu_s();
 	if (side == 'A')
 		for (int i = 0; i < nqps; i += step, sent++)
 			CHECK_OK(sv_post_send(qps[i], i, mr, 0, 64, IBV_SEND_SIGNALED));
@@ -147,6 +149,7 @@ static void run(int sock)
 		CHECKF(sv_poll(cq, 1, &wc, SV_WAIT_MS) == 1, "%d of %d sample SENDs completed", i, sent);
 		CHECK_STATUS(wc, IBV_WC_SUCCESS);
 	}
+	double ts1 = now_s(), cs1 = cpu_s();
 	sv_say(sock, 2);
 	CHECK_EQ(sv_hear(sock), 2);
 	double rss_sent = rss_kib(), shm_sent = shm_kib();
@@ -171,6 +174,8 @@ static void run(int sock)
 	report("rss_after_destroy", rss2 - rss0, "KiB");
 	report("shm_after_destroy", shm2 - shm0, "KiB");
 	report("sample_sends", sent, "");
+	report("sends", sent ? (ts1 - ts0) * 1e6 / sent : 0, "us/send");
+	report("sends_cpu", sent ? (cs1 - cs0) * 1e6 / sent : 0, "us/send");
 	fflush(stdout);
 	sv_free_mr(mr);
 	CHECK_OK(ibv_destroy_cq(cq));

@@ -322,6 +322,17 @@ struct Cq {
   SpinLock inbound_mu;
   std::vector<Qp*> inbound;
   std::atomic<bool> has_inbound{false};
+  // Which windows the last messages went to (wire::CqNews, in our arena, from the first
+  // window on; engine/shm_news.cpp), and the QP each news index names (under inbound_mu;
+  // nullptr: a free index).
+  std::atomic<wire::CqNews*> news{nullptr};
+  std::atomic<uint64_t> news_offset{0};
+  std::vector<Qp*> news_qps;
+  std::vector<uint32_t> news_free;
+  size_t scan_cursor = 0;  // under inbound_mu: where a look at every window starts
+  // Slots taken from the windows feeding the CQ, against the doorbell's tickets: fewer
+  // after the windows the news named were drained means the news lied (shm_responder.cpp).
+  std::atomic<uint64_t> consumed{0};
   // With exactly one window feeding it, the CQ watches that window's next slot instead of
   // the doorbell: the doorbell's cache line then stays with the requester, and a message
   // costs one line transfer (the slot) instead of two. Both point into our own arena, which
@@ -613,6 +624,7 @@ struct Qp {
   // Its slots, for a CQ's look at whether anything is waiting without taking rq_mu.
   std::atomic<const wire::WindowSlot*> window_slots{nullptr};
   wire::InboundWindow inbound;
+  uint32_t news_index = UINT32_MAX;  // in recv_cq->news_qps (under recv_cq->inbound_mu)
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;
   stat::PeerWindowCounts window_counts{};  // under sq_mu; `softverbs stat` reads them

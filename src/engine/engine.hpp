@@ -192,7 +192,18 @@ uint64_t srq_shared_locked(Srq* srq, wire::Arena* arena);
 uint32_t srq_new_claimer_locked(Srq* srq);
 bool srq_claimed_by(Srq* srq, uint64_t number, uint32_t claimer);
 void srq_give_back_claimer(Srq* srq, uint32_t claimer);
-void drain_inbound(Cq* cq);
+// Lands what waits in cq's receive windows: those the news names for the doorbell's tickets
+// [from, bell), or every window (from 0, or news missing or wrong: shm_news.cpp).
+void drain_inbound(Cq* cq, uint64_t from = 0, uint64_t bell = 0);
+// A CQ's news (shm_news.cpp): its block, made before its first window is handed out and
+// given back with the CQ; a window's index in it (under cq->inbound_mu); the windows the
+// news names for tickets [from, *upto), at most max (*upto < bell: the rest next time), or
+// -1 (look at every window).
+void news_prepare(Cq* cq);
+void news_release(Cq* cq);
+void news_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr);
+void news_detach_locked(Cq* cq, Qp* t);
+int news_windows_locked(Cq* cq, uint64_t from, uint64_t bell, Qp** out, int max, uint64_t* upto);
 // ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in
 // `wc` (at most `max`), when the ring is empty and the CQ unarmed; 0 leaves it to
 // drain_inbound.

@@ -201,6 +201,9 @@ bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
   pw.ready = wire::ready_hint(arena, cq);
+  const uint64_t news_at = cq->news_offset;  // read once, bounded by the mapping
+  pw.news = news_at ? arena.at<wire::CqNews>(news_at, sizeof(wire::CqNews)) : nullptr;
+  pw.news_index = hdr->news_index;
   pw.arena = arena;
   pw.ring_waited = &qp->window_counts.ring_waited;
   return true;
@@ -383,6 +386,35 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
   return &pw->slots[tail % wire::kWindowSlots];
 }
 
+namespace {
+
+// conformance.twoproc_news_garbage: with SOFTVERBS_TEST_NEWS_GARBAGE=SEED this process is a
+// requester whose news lies about every message: an entry with the right ticket and
+// another window's index (7 in 8), or a random word.
+std::atomic<uint64_t> g_news_garbage{UINT64_MAX};
+
+void tell_news(wire::PeerWindow* pw, uint64_t ticket) {
+  uint64_t x = g_news_garbage.load(std::memory_order_relaxed);
+  if (x == UINT64_MAX) {
+    const char* seed = getenv("SOFTVERBS_TEST_NEWS_GARBAGE");
+    x = seed ? std::strtoull(seed, nullptr, 0) | 1 : 0;
+    g_news_garbage.store(x, std::memory_order_relaxed);
+  }
+  if (x != 0 && pw->news) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    g_news_garbage.store(x, std::memory_order_relaxed);
+    // Mostly the window next to ours: one that exists, so only the count can tell.
+    const uint64_t lie = x & 7 ? wire::news_word(ticket, pw->news_index ^ 1) : x;
+    pw->news->entry[ticket % wire::kNewsEntries].store(lie, std::memory_order_release);
+    return;
+  }
+  wire::tell_news(pw->cq, pw->news, pw->news_index, ticket);
+}
+
+}  // namespace
+
 // The claimed receive goes back through the ring (a void slot), in order with what we
 // commit next; the doorbell has the target drain it soon.
 void window_unclaim(wire::PeerWindow* pw) {
@@ -393,7 +425,7 @@ void window_unclaim(wire::PeerWindow* pw) {
   s.receive = pw->srq_number;
   s.seq.store(pw->tail + 1, std::memory_order_release);
   ++pw->tail;
-  pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  tell_news(pw, pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst));
 }
 
 // Hands the message whose payload is already in `s` (from window_slot) to the target.
@@ -409,7 +441,7 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   // The target turns ring messages into completions when it polls. If its CQ is armed it
   // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
   // completion is added (and the event fires) exactly as for a local arrival.
-  pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  tell_news(pw, pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst));
   int arm = pw->cq->arm.load(std::memory_order_seq_cst);
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED)))
     wake_target(pw->ready, pw->wake_fd, pw->arena.slot, pw->dst_qpn);

@@ -199,6 +199,7 @@ int destroy_cq(Cq* cq) {
   // The shared block goes back to the arena. A peer that still held its address (its QPs
   // are gone, so an honest one does not) can only ring the doorbell or read the arm word of
   // the next CQ there: a spurious drain or wake-up, never a lost event (Cq::armed).
+  engine::news_release(cq);
   if (cq->shared_offset)
     if (wire::Arena* arena = wire::Arena::self()) arena->release(cq->shared_offset, sizeof(wire::CqShared));
   stat::withdraw(cq);
@@ -241,8 +242,9 @@ int take(Cq* cq, Inbound what, uint64_t bell, int max, ibv_wc* wc) {
         if (int n = engine::drain_solo_into(cq, max, wc)) return n;
       break;
     case Inbound::Rang:
-      cq->doorbell_seen.store(bell, std::memory_order_relaxed);
-      break;
+      // The tickets rung since the last look: their news says which windows to drain.
+      engine::drain_inbound(cq, cq->doorbell_seen.exchange(bell, std::memory_order_relaxed), bell);
+      return 0;
   }
   engine::drain_inbound(cq);
   return 0;
@@ -250,7 +252,10 @@ int take(Cq* cq, Inbound what, uint64_t bell, int max, ibv_wc* wc) {
 
 int take_inbound(Cq* cq, int max, ibv_wc* wc) {
   uint64_t bell = 0;
-  return take(cq, inbound_waiting(cq, &bell), bell, max, wc);
+  // Its own statement: an argument list may read `bell` before inbound_waiting sets it
+  // (it did, and every poll of a CQ on its doorbell looked at every window again).
+  const Inbound what = inbound_waiting(cq, &bell);
+  return take(cq, what, bell, max, wc);
 }
 
 // The ring's tail, after packets from the wire were received here when the ring is empty

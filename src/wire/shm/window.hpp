@@ -62,6 +62,7 @@ struct WindowHeader {
   uint32_t mr_table_cap;
   int32_t owner_pid;
   uint32_t srq_claimer;        // with srq_offset: this window's `who` in SrqShared's owner words
+  uint32_t news_index;         // this window's index in its CQ's news (CqNews)
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
   alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
@@ -208,9 +209,35 @@ struct CqShared {
   std::atomic<int> arm;            // ArmWord; changed only by CAS
   uint32_t ready_bit;              // this CQ's bit in its channel's ReadyBits
   uint64_t ready_offset;           // the channel's ReadyBits, same arena; 0: none
+  uint64_t news_offset;            // the CQ's CqNews, same arena; 0: none
   alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
+  // Set by the target while enough windows feed the CQ that looking at each one per
+  // doorbell costs more than the news (below). On the doorbell's line: the requester that
+  // just bumped the doorbell holds it.
+  std::atomic<uint32_t> news_on;
 };
 static_assert(sizeof(CqShared) <= 128, "one small arena block (arena.cpp: kSmallBlock)");
+
+// Which window each of a CQ's last messages went to, so that its owner drains those
+// windows instead of looking at every window feeding the CQ (issue 14, item 5: with 10,000
+// windows on one CQ that look was most of the receiver's time per message). The requester
+// that got ticket t from the doorbell's fetch_add writes entry t % kNewsEntries as
+// news_word(t, the window's news_index) after it. Peers write here: the owner believes an
+// entry only if its ticket is the one it expects and its index names a window of the CQ,
+// and looks at every window when any entry of the doorbell's range is missing or wrong.
+inline constexpr uint32_t kNewsEntries = 512;
+inline constexpr uint32_t kNewsIndexBits = 24;
+inline constexpr uint64_t news_word(uint64_t ticket, uint32_t index) {
+  return (ticket + 1) << kNewsIndexBits | (index & ((1u << kNewsIndexBits) - 1));
+}
+struct CqNews {
+  std::atomic<uint64_t> entry[kNewsEntries];
+};
+// Requester: the doorbell's fetch_add gave `ticket` to a message in our window `index`.
+inline void tell_news(CqShared* cq, CqNews* news, uint32_t index, uint64_t ticket) {
+  if (news && cq->news_on.load(std::memory_order_relaxed))
+    news->entry[ticket % kNewsEntries].store(news_word(ticket, index), std::memory_order_release);
+}
 
 // Requester side: the target CQ's bit in its channel's ReadyBits, as the CQ named it when
 // the window was opened (bounded here: the target's word for it is untrusted).
@@ -265,6 +292,8 @@ struct PeerWindow {
   bool cross_memory = true;  // false once the kernel refused cross-memory attach
   int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
   ReadyHint ready;   // the target CQ's bit in its channel's ReadyBits
+  CqNews* news = nullptr;    // the target CQ's news, or nullptr
+  uint32_t news_index = 0;   // our window's index there, as the header said when opened
   // Our own counts. The target's are read only when ours say the ring or its receive
   // queue is full, and rq_taken again after a message went through its agent.
   uint64_t tail = 0;    // messages written
