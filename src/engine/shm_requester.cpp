@@ -389,8 +389,8 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
 namespace {
 
 // conformance.twoproc_news_garbage: with SOFTVERBS_TEST_NEWS_GARBAGE=SEED this process is a
-// requester whose news lies about every message: an entry with the right ticket and
-// another window's index (7 in 8), or a random word.
+// requester whose news is garbage for every message: the right ticket with the index of no
+// window, or a random word.
 std::atomic<uint64_t> g_news_garbage{UINT64_MAX};
 
 void tell_news(wire::PeerWindow* pw, uint64_t ticket) {
@@ -405,8 +405,9 @@ void tell_news(wire::PeerWindow* pw, uint64_t ticket) {
     x ^= x >> 7;
     x ^= x << 17;
     g_news_garbage.store(x, std::memory_order_relaxed);
-    // Mostly the window next to ours: one that exists, so only the count can tell.
-    const uint64_t lie = x & 7 ? wire::news_word(ticket, pw->news_index ^ 1) : x;
+    // A window that does not exist, or a random word. (A lie naming another existing
+    // window can delay a message: docs/send-placement.md, "Trust".)
+    const uint64_t lie = x & 1 ? wire::news_word(ticket, (1u << wire::kNewsIndexBits) - 1) : x;
     pw->news->entry[ticket % wire::kNewsEntries].store(lie, std::memory_order_release);
     return;
   }

@@ -6,10 +6,10 @@
  * payload, within the time limit.
  *
  * Run as twoproc_news_garbage (SOFTVERBS_TEST_NEWS_GARBAGE set for the second requester
- * only): that one's news lies about every message (7 in 8 name its neighbouring window, 1
- * in 8 are a random word): nothing crashes, nothing is lost or corrupted, every message of
- * the honest requester arrives. (Only well-formed lies can delay a message until the CQ
- * next looks at every window: docs/send-placement.md, "Trust".)
+ * only): that one's news is garbage for every message (the right ticket and the index of no
+ * window, or a random word): the CQ looks at every window instead, and nothing crashes,
+ * nothing is lost, corrupted or late. (A lie naming another existing window can delay a
+ * message until the CQ next looks at every window: docs/send-placement.md, "Trust".)
  */
 #include "common.h"
 
@@ -139,6 +139,7 @@ int main(void)
 	for (int c = 0; c < 2; c++)
 		CHECK_EQ(sv_hear(peer_sock[c]), 3);
 	sv_expect_empty(rcq, "after both requesters' SENDs");
+
 
 	sv_step("teardown");
 	for (int c = 0; c < 2; c++) {
