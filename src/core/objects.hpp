@@ -625,6 +625,7 @@ struct Qp {
   std::atomic<const wire::WindowSlot*> window_slots{nullptr};
   wire::InboundWindow inbound;
   uint32_t news_index = UINT32_MAX;  // in recv_cq->news_qps (under recv_cq->inbound_mu)
+  size_t inbound_pos = SIZE_MAX;     // in recv_cq->inbound (under recv_cq->inbound_mu)
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;
   stat::PeerWindowCounts window_counts{};  // under sq_mu; `softverbs stat` reads them

@@ -25,6 +25,22 @@ uint32_t round_up_pow2(uint32_t v) {
 
 }  // namespace
 
+void inbound_add_locked(Cq* cq, Qp* t) {
+  if (t->inbound_pos != SIZE_MAX) return;
+  t->inbound_pos = cq->inbound.size();
+  cq->inbound.push_back(t);
+}
+
+void inbound_remove_locked(Cq* cq, Qp* t) {
+  const size_t at = t->inbound_pos;
+  if (at >= cq->inbound.size() || cq->inbound[at] != t) return;
+  Qp* last = cq->inbound.back();
+  cq->inbound[at] = last;
+  last->inbound_pos = at;
+  cq->inbound.pop_back();
+  t->inbound_pos = SIZE_MAX;
+}
+
 // Under cq->inbound_mu, after its list changed: watch the one window's slot, or the doorbell.
 void update_solo_locked(Cq* cq) {
   cq->has_inbound.store(!cq->inbound.empty());
@@ -169,8 +185,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   t->window.store(hdr, std::memory_order_release);
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-    auto& v = t->recv_cq->inbound;
-    if (std::find(v.begin(), v.end(), t) == v.end()) v.push_back(t);  // once, if reopened
+    inbound_add_locked(t->recv_cq, t);  // once, if reopened
     news_attach_locked(t->recv_cq, t, hdr);
     update_solo_locked(t->recv_cq);
   }
@@ -460,8 +475,7 @@ void close_window(Qp* t, bool deliver) {
   // the CQ must not keep a pointer to a QP that is about to be destroyed.
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-    auto& v = t->recv_cq->inbound;
-    v.erase(std::remove(v.begin(), v.end(), t), v.end());
+    inbound_remove_locked(t->recv_cq, t);
     news_detach_locked(t->recv_cq, t);
     update_solo_locked(t->recv_cq);
   }

@@ -424,8 +424,7 @@ void update_watch_locked(Qp* t) {
                          std::memory_order_release);
   t->ud_solo_head.store(one ? t->ud_watch : nullptr, std::memory_order_release);
   std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-  auto& list = t->recv_cq->inbound;
-  if (!v.empty() && std::find(list.begin(), list.end(), t) == list.end()) list.push_back(t);
+  if (!v.empty()) inbound_add_locked(t->recv_cq, t);
   update_solo_locked(t->recv_cq);
 }
 
@@ -550,8 +549,7 @@ void close_ud_windows(Qp* t, bool deliver_first) {
   }
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-    auto& v = t->recv_cq->inbound;
-    v.erase(std::remove(v.begin(), v.end(), t), v.end());
+    inbound_remove_locked(t->recv_cq, t);
     update_solo_locked(t->recv_cq);
   }
   // A CQ's poll that found t before it left the list holds ud_mu until it is done.

@@ -642,17 +642,20 @@ TEST(RocePort, TimersFireInOrderAndCancelledOnesDoNot) {
     std::lock_guard<std::mutex> lock(inbox.mu);
     inbox.timers.push_back(id);
   });
+  // Deadlines 100 ms apart from 250 ms on: a loaded machine (CI, 2 CPUs) may stall this
+  // thread for tens of ms between two calls, and 5 ms let timer 4 fire before its cancel.
   const auto now = Port::Clock::now();
-  port.schedule(1, now + 30ms);  // scheduled before the port opens: fires once it is
+  const auto base = now + 250ms;
+  port.schedule(1, base + 200ms);  // scheduled before the port opens: fires once it is
   ASSERT_EQ(port.acquire(), 0);
-  port.schedule(2, now + 10ms);
-  port.schedule(3, now + 20ms);
-  port.schedule(4, now + 5ms);
+  port.schedule(2, base);
+  port.schedule(3, base + 100ms);
+  port.schedule(4, base);
   EXPECT_TRUE(port.cancel(4));
   EXPECT_FALSE(port.cancel(4));
-  port.schedule(2, now + 40ms);  // moved behind 1
-  port.schedule(5, now - 1ms);   // already due
-  std::this_thread::sleep_for(150ms);
+  port.schedule(2, base + 300ms);  // moved behind 1
+  port.schedule(5, now - 1ms);     // already due
+  std::this_thread::sleep_for(900ms);
   std::lock_guard<std::mutex> lock(inbox.mu);
   EXPECT_EQ(inbox.timers, (std::vector<uint64_t>{5, 3, 1, 2}));
 }
