@@ -455,7 +455,10 @@ void drain_inbound(Cq* cq, uint64_t from, uint64_t bell) {
     // and a message waits elsewhere. The next poll looks at every window.
     cq->doorbell_seen.store(0, std::memory_order_relaxed);
   } else if (upto != bell) {
-    cq->doorbell_seen.store(upto, std::memory_order_relaxed);  // the rest of the news next
+    // The rest of the news next time, unless a drain asked for a look at every window
+    // meanwhile (0: completions held back come first) or another poller moved on.
+    uint64_t expect = bell;
+    cq->doorbell_seen.compare_exchange_strong(expect, upto, std::memory_order_relaxed);
   }
 }
 
