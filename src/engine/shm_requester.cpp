@@ -44,36 +44,35 @@ bool usable_wake_fd(int fd) {
 
 namespace {
 
-// Windows opened by ibv_modify_qp to RTS and still open in this process. Each costs a round
-// trip to the peer's agent at set-up (~25 us of CPU on the two sides here) and holds the
-// ring's 33 pages of its peer's memory, faulted in, whether SENDs come or not. Past this
-// many, RTS leaves the window to the first post, as before: a process that connects
-// thousands of QPs (cmtime -c 1000: 127-261 ms against 77-88 ms without any RTS open,
-// bench/scale) does not pay it per connection, a benchmark's few QPs still start warm.
-constexpr int kAtRtsMax = 64;
-std::atomic<int> g_at_rts{0};
+// Windows open in this process whose ring pages open_window_at_rts faulted in. Each holds
+// 33 pages of its peer's memory whether SENDs come or not; past this many, the pages come
+// with the messages (a process connected to many peers on this host).
+constexpr int kPopulateMax = 64;
+std::atomic<int> g_populated{0};
 // An rdma_cm passive side takes its QP to RTS as it accepts, before the active side's QP is
-// at RTR: every ask there is refused (~20-100 us of the two agents' time each, 111 ms over
-// cmtime -c 1000's server). After this many refusals the process stops asking at RTS.
+// at RTR: every ask there is refused, one agent round trip each (1,000 refusals, 111 ms of
+// cmtime -c 1000's server on a busy machine). After this many refusals a process leaves
+// windows to the first post. (Capping the windows opened at RTS instead halved
+// ib_send_bw -s 4096 -q 256: 5.4-5.9 GB/s against 9.8-10.9, pinned, 2026-11-29.)
 constexpr int kAtRtsRefusedMax = 16;
 std::atomic<int> g_at_rts_refused{0};
-
-bool reserve_at_rts() {
-  if (g_at_rts_refused.load(std::memory_order_relaxed) >= kAtRtsRefusedMax) return false;
-  if (g_at_rts.fetch_add(1, std::memory_order_relaxed) < kAtRtsMax) return true;
-  g_at_rts.fetch_sub(1, std::memory_order_relaxed);
-  return false;
-}
-void release_at_rts() { g_at_rts.fetch_sub(1, std::memory_order_relaxed); }
 
 // Faults in our mapping of the ring's pages (and so the peer's memory behind them) now, in
 // the application's setup: each first touch of a page costs a fault in the timed loop
 // otherwise (~0.25 ms over a new ring in a VM here: ib_send_bw -s 4096 at 1,000 messages
 // gave 7 GB/s without, 12-14 GB/s with). No contents change.
-void populate_ring(const wire::PeerWindow& pw) {
+void populate_ring(wire::PeerWindow& pw) {
+  if (g_populated.fetch_add(1, std::memory_order_relaxed) >= kPopulateMax) {
+    g_populated.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
   auto from = reinterpret_cast<uintptr_t>(pw.slots) & ~uintptr_t{4095};
   auto to = reinterpret_cast<uintptr_t>(pw.slots + wire::kWindowSlots);
-  (void)madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
+  if (madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE) != 0) {
+    g_populated.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  pw.at_rts = true;
 }
 
 }  // namespace
@@ -81,7 +80,7 @@ void populate_ring(const wire::PeerWindow& pw) {
 void drop_peer_window(Qp* qp) {
   drop_ud_peers(qp);  // a UD QP's windows, one per destination (shm_ud.cpp)
   wire::PeerWindow& pw = qp->peer_window;
-  if (pw.at_rts) release_at_rts();
+  if (pw.at_rts) g_populated.fetch_sub(1, std::memory_order_relaxed);
   pw.at_rts = false;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
@@ -254,14 +253,12 @@ void open_window_at_rts(Qp* qp) {
   // A refusal here (the target not yet at RTR: both sides of a connection set up at once)
   // leaves the ask to the first post, with no backoff: this is a new connection.
   pw.backoff = 0;
-  if (!reserve_at_rts()) return;
+  if (g_at_rts_refused.load(std::memory_order_relaxed) >= kAtRtsRefusedMax) return;
   if (!open_peer_window(qp, path.dest_qpn, kOpenAtRtsWaitMs)) {
-    release_at_rts();
     g_at_rts_refused.fetch_add(1, std::memory_order_relaxed);
     ++qp->window_counts.open_failed;
     return;
   }
-  pw.at_rts = true;
   ++qp->window_counts.opened_at_rts;
   populate_ring(pw);
 }
