@@ -323,8 +323,8 @@ struct Cq {
   std::vector<Qp*> inbound;
   std::atomic<bool> has_inbound{false};
   // Which windows the last messages went to (wire::CqNews, in our arena, from the first
-  // window on; engine/shm_news.cpp), and the QP each news index names (under inbound_mu;
-  // nullptr: a free index).
+  // window on where SOFTVERBS_NEWS_MIN is set; engine/shm_news.cpp), and the QP each news
+  // index names (under inbound_mu; nullptr: a free index).
   std::atomic<wire::CqNews*> news{nullptr};
   std::atomic<uint64_t> news_offset{0};
   std::vector<Qp*> news_qps;

@@ -203,6 +203,9 @@ void inbound_remove_locked(Cq* cq, Qp* t);
 // given back with the CQ; a window's index in it (under cq->inbound_mu); the windows the
 // news names for tickets [from, *upto), at most max (*upto < bell: the rest next time), or
 // -1 (look at every window).
+// Whether the news may be on in this process (SOFTVERBS_NEWS_MIN): without it the CQ's
+// count of slots taken and its block are not kept.
+bool news_enabled();
 void news_prepare(Cq* cq);
 void news_release(Cq* cq);
 void news_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr);

@@ -13,6 +13,7 @@
 
 #include "engine/engine.hpp"
 #include "core/core.hpp"
+#include "core/slot_table.hpp"
 #include "wire/shm/arena.hpp"
 #include "wire/shm/window.hpp"
 
@@ -40,8 +41,10 @@ std::vector<uint64_t>& g_free_blocks = *new std::vector<uint64_t>;
 
 }  // namespace
 
+bool news_enabled() { return news_min() != 0; }
+
 void news_prepare(Cq* cq) {
-  if (cq->news.load(std::memory_order_acquire) || !cq->shared_offset) return;
+  if (!news_enabled() || cq->news.load(std::memory_order_acquire) || !cq->shared_offset) return;
   wire::Arena* arena = wire::Arena::self();
   if (!arena) return;
   uint64_t off = 0;
@@ -77,16 +80,7 @@ void news_release(Cq* cq) {
 }
 
 void news_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr) {
-  if (t->news_index == UINT32_MAX) {
-    if (cq->news_free.empty()) {
-      t->news_index = static_cast<uint32_t>(cq->news_qps.size());
-      cq->news_qps.push_back(t);
-    } else {
-      t->news_index = cq->news_free.back();
-      cq->news_free.pop_back();
-      cq->news_qps[t->news_index] = t;
-    }
-  }
+  if (t->news_index == UINT32_MAX) t->news_index = slot_take(cq->news_qps, cq->news_free, t);
   hdr->news_index = t->news_index;
   if (news_min() && cq->inbound.size() >= news_min())
     cq->shared->news_on.store(1, std::memory_order_relaxed);
@@ -94,8 +88,7 @@ void news_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr) {
 
 void news_detach_locked(Cq* cq, Qp* t) {
   if (t->news_index == UINT32_MAX) return;
-  cq->news_qps[t->news_index] = nullptr;
-  cq->news_free.push_back(t->news_index);
+  slot_give_back(cq->news_qps, cq->news_free, t->news_index);
   t->news_index = UINT32_MAX;
   if (cq->inbound.size() < news_min() / 2) cq->shared->news_on.store(0, std::memory_order_relaxed);
 }

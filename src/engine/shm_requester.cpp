@@ -72,7 +72,7 @@ void populate_ring(wire::PeerWindow& pw) {
     g_populated.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
-  pw.at_rts = true;
+  pw.populated = true;
 }
 
 }  // namespace
@@ -80,8 +80,8 @@ void populate_ring(wire::PeerWindow& pw) {
 void drop_peer_window(Qp* qp) {
   drop_ud_peers(qp);  // a UD QP's windows, one per destination (shm_ud.cpp)
   wire::PeerWindow& pw = qp->peer_window;
-  if (pw.at_rts) g_populated.fetch_sub(1, std::memory_order_relaxed);
-  pw.at_rts = false;
+  if (pw.populated) g_populated.fetch_sub(1, std::memory_order_relaxed);
+  pw.populated = false;
   pw.hdr = nullptr;
   if (pw.wake_fd >= 0) close(pw.wake_fd);
   pw.wake_fd = -1;
@@ -97,20 +97,30 @@ namespace {
 // with zeros) after setting its bit, and writes the wake-up fd whatever the bit was.
 std::atomic<uint64_t> g_garbage{UINT64_MAX};
 
-bool scribble_ready(wire::ReadyBits* bits) {
-  uint64_t x = g_garbage.load(std::memory_order_relaxed);
+// A test's garbage generator: its state, the seed read from `env` the first time (0: off).
+uint64_t garbage_state(std::atomic<uint64_t>& state, const char* env) {
+  uint64_t x = state.load(std::memory_order_relaxed);
   if (x == UINT64_MAX) {
-    const char* seed = getenv("SOFTVERBS_TEST_READY_GARBAGE");
+    const char* seed = getenv(env);
     x = seed ? std::strtoull(seed, nullptr, 0) | 1 : 0;
-    g_garbage.store(x, std::memory_order_relaxed);
+    state.store(x, std::memory_order_relaxed);
   }
+  return x;
+}
+uint64_t next_garbage(uint64_t& x) {  // xorshift64
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return x;
+}
+
+bool scribble_ready(wire::ReadyBits* bits) {
+  uint64_t x = garbage_state(g_garbage, "SOFTVERBS_TEST_READY_GARBAGE");
   if (x == 0 || !bits) return false;
   const bool zeros = (x >> 7) & 1;
   for (std::atomic<uint64_t>& w : bits->words) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    w.store(zeros ? 0 : x, std::memory_order_relaxed);
+    const uint64_t v = next_garbage(x);  // the sequence moves on with zeros written too
+    w.store(zeros ? 0 : v, std::memory_order_relaxed);
   }
   g_garbage.store(x, std::memory_order_relaxed);
   return true;
@@ -391,17 +401,9 @@ namespace {
 std::atomic<uint64_t> g_news_garbage{UINT64_MAX};
 
 void tell_news(wire::PeerWindow* pw, uint64_t ticket) {
-  uint64_t x = g_news_garbage.load(std::memory_order_relaxed);
-  if (x == UINT64_MAX) {
-    const char* seed = getenv("SOFTVERBS_TEST_NEWS_GARBAGE");
-    x = seed ? std::strtoull(seed, nullptr, 0) | 1 : 0;
-    g_news_garbage.store(x, std::memory_order_relaxed);
-  }
+  uint64_t x = garbage_state(g_news_garbage, "SOFTVERBS_TEST_NEWS_GARBAGE");
   if (x != 0 && pw->news) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    g_news_garbage.store(x, std::memory_order_relaxed);
+    g_news_garbage.store(next_garbage(x), std::memory_order_relaxed);
     // A window that does not exist, or a random word. (A lie naming another existing
     // window can delay a message: docs/send-placement.md, "Trust".)
     const uint64_t lie = x & 1 ? wire::news_word(ticket, (1u << wire::kNewsIndexBits) - 1) : x;

@@ -239,11 +239,14 @@ void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   wire::InboundWindow& in = t->inbound;
-  // The slots taken, on every way out: the CQ's count, against its doorbell's tickets.
+  // The slots taken, on every way out: the CQ's count, against its doorbell's tickets (only
+  // where the news may be on: an atomic add per drain on the polled path otherwise).
   struct CountConsumed {
     Qp* t;
     uint64_t first;
-    ~CountConsumed() { t->recv_cq->consumed.fetch_add(t->inbound.head - first, std::memory_order_relaxed); }
+    ~CountConsumed() {
+      if (news_enabled()) t->recv_cq->consumed.fetch_add(t->inbound.head - first, std::memory_order_relaxed);
+    }
   } count{t, in.head};
   // A QP of an SRQ: each message lands in the SRQ receive its sender claimed (its number
   // in the slot's `receive`, srq_claims.cpp).
@@ -409,8 +412,8 @@ void drain_inbound(Cq* cq, uint64_t from, uint64_t bell) {
       n = static_cast<size_t>(named);
     }
     const size_t windows = named >= 0 ? 0 : cq->inbound.size();
-    // Read only where news may be on (the doorbell's line stays with a lone requester).
-    if (windows >= 4) rung = cq->shared->doorbell.load(std::memory_order_acquire);
+    // Read only where news may be on (the doorbell's line stays with the requesters).
+    if (windows >= 4 && news_enabled()) rung = cq->shared->doorbell.load(std::memory_order_acquire);
     size_t at = cq->scan_cursor < windows ? cq->scan_cursor : 0;
     for (size_t looked = 0; looked < windows; ++looked, at = at + 1 == windows ? 0 : at + 1) {
       Qp* qp = cq->inbound[at];

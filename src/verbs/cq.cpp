@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/slot_table.hpp"
 #include "engine/engine.hpp"
 #include "engine/roce.hpp"
 #include "core/device.hpp"
@@ -107,14 +108,7 @@ ibv_cq* create_cq(Context* ctx, int cqe, void* cq_context, CompChannel* ch, int 
     pthread_mutex_unlock(&ctx->ibv()->mutex);
     std::lock_guard<std::mutex> lock(ch->cqs_mu);
     ch->cqs.push_back(cq);
-    if (ch->free_slots.empty()) {
-      cq->channel_slot = static_cast<uint32_t>(ch->by_slot.size());
-      ch->by_slot.push_back(cq);
-    } else {
-      cq->channel_slot = ch->free_slots.back();
-      ch->free_slots.pop_back();
-      ch->by_slot[cq->channel_slot] = cq;
-    }
+    cq->channel_slot = slot_take(ch->by_slot, ch->free_slots, cq);
   }
   // The arm word goes to the shared arena, where requesters in other processes can see it.
   if (wire::Arena* arena = wire::Arena::self()) {
@@ -174,8 +168,7 @@ int destroy_cq(Cq* cq) {
   if (CompChannel* ch = cq->channel) {
     std::lock_guard<std::mutex> lock(ch->cqs_mu);  // no waiter's refill reaches the CQ after
     ch->cqs.erase(std::remove(ch->cqs.begin(), ch->cqs.end(), cq), ch->cqs.end());
-    ch->by_slot[cq->channel_slot] = nullptr;
-    ch->free_slots.push_back(cq->channel_slot);
+    slot_give_back(ch->by_slot, ch->free_slots, cq->channel_slot);
     if (cq->roce_fed.load()) ch->wire_cqs--;
     cq_moderation_close(cq);
   }

@@ -306,7 +306,7 @@ struct PeerWindow {
   WindowRefusal refused = WindowRefusal::None;
   uint64_t waited_at = 0;
   uint64_t* ring_waited = nullptr;  // the QP's count of waits that got room
-  bool at_rts = false;  // its ring faulted in at RTS: counted (shm_requester.cpp)
+  bool populated = false;  // its ring's pages faulted in when opened (shm_requester.cpp)
   // The mapping all of the above points into (one reference), with the peer's MR memfd
   // (arena.mr, or nullptr) and its size when last looked at.
   PeerArena arena;
