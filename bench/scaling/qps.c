@@ -7,7 +7,11 @@
  * set (RSS) and shared memory (softverbs' memfds, which live in the kernel's shmem like
  * /dev/shm, plus the state directory).
  *
- *   scale_qps [-n QPS] [-k SAMPLES]     (through `softverbs run`)
+ * With -p ROUNDS, QP 0 then plays ROUNDS polled SEND ping-pongs (64 B) while every other
+ * QP's receive window stays open and idle on the same CQ: the time a round trip takes as
+ * the number of windows feeding one CQ grows (a poll must not look at every window).
+ *
+ *   scale_qps [-n QPS] [-k SAMPLES] [-p ROUNDS]     (through `softverbs run`)
  *
  * Output: one line per measurement, "side metric value unit", side A (parent) or B.
  */
@@ -21,6 +25,7 @@
 
 static int nqps = 10000;
 static int samples = -1;  /* -1: every QP */
+static int rounds;        /* -p: ping-pongs on QP 0 */
 static char side;
 
 static double now_s(void)
@@ -152,6 +157,37 @@ static void run(int sock)
 	double ts1 = now_s(), cs1 = cpu_s();
 	sv_say(sock, 2);
 	CHECK_EQ(sv_hear(sock), 2);
+
+	/* Ping-pong on QP 0, the other windows idle on the same CQ: A sends, B answers. */
+	double tp0 = 0, tp1 = 0, cp0 = 0, cp1 = 0;
+	if (rounds > 0) {
+		CHECK_OK(sv_post_recv(qps[0], 0, mr, 0, 64));
+		sv_say(sock, 3);
+		CHECK_EQ(sv_hear(sock), 3);
+		tp0 = now_s(), cp0 = cpu_s();
+		for (int r = 0; r < rounds; r++) {
+			struct ibv_wc wc;
+			if (side == 'A')
+				CHECK_OK(sv_post_send(qps[0], r, mr, 0, 64, IBV_SEND_SIGNALED));
+			/* The receive, and (A, then B) the send's completion: two completions. */
+			for (int got = 0; got < 2;) {
+				int n = ibv_poll_cq(cq, 1, &wc);
+				CHECK(n >= 0);
+				if (n == 0)
+					continue;
+				CHECK_STATUS(wc, IBV_WC_SUCCESS);
+				if (wc.opcode == IBV_WC_RECV) {
+					CHECK_OK(sv_post_recv(qps[0], r + 1, mr, 0, 64));
+					if (side == 'B')
+						CHECK_OK(sv_post_send(qps[0], r, mr, 0, 64, IBV_SEND_SIGNALED));
+				}
+				got++;
+			}
+		}
+		tp1 = now_s(), cp1 = cpu_s();
+		sv_say(sock, 4);
+		CHECK_EQ(sv_hear(sock), 4);
+	}
 	double rss_sent = rss_kib(), shm_sent = shm_kib();
 
 	double c4 = cpu_s(), t4 = now_s();
@@ -176,6 +212,10 @@ static void run(int sock)
 	report("sample_sends", sent, "");
 	report("sends", sent ? (ts1 - ts0) * 1e6 / sent : 0, "us/send");
 	report("sends_cpu", sent ? (cs1 - cs0) * 1e6 / sent : 0, "us/send");
+	if (rounds > 0) {
+		report("pingpong", (tp1 - tp0) * 1e6 / rounds, "us/round");
+		report("pingpong_cpu", (cp1 - cp0) * 1e6 / rounds, "us/round");
+	}
 	fflush(stdout);
 	sv_free_mr(mr);
 	CHECK_OK(ibv_destroy_cq(cq));
@@ -193,17 +233,19 @@ static void peer_main(int sock)
 int main(int argc, char **argv)
 {
 	int c;
-	while ((c = getopt(argc, argv, "n:k:")) != -1) {
+	while ((c = getopt(argc, argv, "n:k:p:")) != -1) {
 		if (c == 'n')
 			nqps = atoi(optarg);
 		else if (c == 'k')
 			samples = atoi(optarg);
+		else if (c == 'p')
+			rounds = atoi(optarg);
 		else {
-			fprintf(stderr, "usage: scale_qps [-n QPS] [-k SAMPLES]\n");
+			fprintf(stderr, "usage: scale_qps [-n QPS] [-k SAMPLES] [-p ROUNDS]\n");
 			return 2;
 		}
 	}
-	if (nqps < 1 || samples == 0 || samples < -1)
+	if (nqps < 1 || samples == 0 || samples < -1 || rounds < 0)
 		return 2;
 	sv_init("scale_qps");
 	sv_watchdog(600);

@@ -318,23 +318,26 @@ struct Cq {
   uint64_t shared_offset = 0;  // in this process's arena; 0 if `shared` is local
   std::atomic<int>* arm = &shared_local.arm;
   std::atomic<uint64_t> doorbell_seen{0};  // the doorbell value last drained for
+  // The next look at the windows looks at every one (a drain left messages behind).
+  std::atomic<bool> look_all{false};
+  // Empty looks since the last look at every window (a hint: updated without a lock).
+  std::atomic<uint32_t> quiet_looks{0};
   // QPs whose receive windows feed this CQ: ibv_poll_cq drains them first.
   SpinLock inbound_mu;
   std::vector<Qp*> inbound;
   std::atomic<bool> has_inbound{false};
-  // Which windows the last messages went to (wire::CqNews, in our arena, from the first
-  // window on where SOFTVERBS_NEWS_MIN is set; engine/shm_news.cpp), and the QP each news
-  // index names (under inbound_mu; nullptr: a free index).
-  std::atomic<wire::CqNews*> news{nullptr};
-  std::atomic<uint64_t> news_offset{0};
-  std::vector<Qp*> news_qps;
-  std::vector<uint32_t> news_free;
+  // Which window each rung bit names (under inbound_mu; nullptr: a free index), how many
+  // are handed out, and the block of leaf bits (wire::CqRung, in our arena, made when the
+  // direct bits run short; engine/shm_rung.cpp).
+  std::vector<Qp*> rung_qps;
+  std::vector<uint32_t> rung_free;
+  std::atomic<uint32_t> rung_used{0};
+  std::atomic<wire::CqRung*> rung_block{nullptr};
+  std::atomic<uint64_t> rung_offset{0};
+  uint32_t rung_cursor = 0;  // under inbound_mu: the rung word the last look stopped at
   size_t scan_cursor = 0;  // under inbound_mu: where a look at every window starts
-  // Slots taken from the windows feeding the CQ, against the doorbell's tickets: fewer
-  // after the windows the news named were drained means the news lied (shm_responder.cpp).
-  std::atomic<uint64_t> consumed{0};
   // With exactly one window feeding it, the CQ watches that window's next slot instead of
-  // the doorbell: the doorbell's cache line then stays with the requester, and a message
+  // its rung bits: their cache line then stays with the requester, and a message
   // costs one line transfer (the slot) instead of two. Both point into our own arena, which
   // is never unmapped, so a stale pair only gives a wrong hint (drained under the locks).
   std::atomic<const wire::WindowSlot*> solo_slots{nullptr};
@@ -624,7 +627,7 @@ struct Qp {
   // Its slots, for a CQ's look at whether anything is waiting without taking rq_mu.
   std::atomic<const wire::WindowSlot*> window_slots{nullptr};
   wire::InboundWindow inbound;
-  uint32_t news_index = UINT32_MAX;  // in recv_cq->news_qps (under recv_cq->inbound_mu)
+  uint32_t rung_index = UINT32_MAX;  // in recv_cq->rung_qps (under recv_cq->inbound_mu)
   size_t inbound_pos = SIZE_MAX;     // in recv_cq->inbound (under recv_cq->inbound_mu)
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;

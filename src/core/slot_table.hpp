@@ -1,5 +1,5 @@
 // Small numbers for objects, reused after they are given back: a CQ's slot in its channel
-// (ReadyBits), a window's index in its CQ's news. by_slot[n] is the object numbered n, or
+// (ReadyBits), a window's rung bit in its CQ. by_slot[n] is the object numbered n, or
 // nullptr for a free number (also in `free`). Callers hold their own lock.
 #pragma once
 

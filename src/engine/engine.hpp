@@ -192,25 +192,28 @@ uint64_t srq_shared_locked(Srq* srq, wire::Arena* arena);
 uint32_t srq_new_claimer_locked(Srq* srq);
 bool srq_claimed_by(Srq* srq, uint64_t number, uint32_t claimer);
 void srq_give_back_claimer(Srq* srq, uint32_t claimer);
-// Lands what waits in cq's receive windows: those the news names for the doorbell's tickets
-// [from, bell), or every window (from 0, or news missing or wrong: shm_news.cpp).
-void drain_inbound(Cq* cq, uint64_t from = 0, uint64_t bell = 0);
+// Lands what waits in cq's receive windows: those whose rung bits are set, or every window
+// (`every_window`, a look owed, or a new doorbell value: shm_rung.cpp).
+void drain_inbound(Cq* cq, bool every_window);
 // Under cq->inbound_mu: t joins (once) or leaves the QPs whose windows feed cq, in O(1)
 // (10,000 windows on a CQ made a search per open and per close add up).
 void inbound_add_locked(Cq* cq, Qp* t);
 void inbound_remove_locked(Cq* cq, Qp* t);
-// A CQ's news (shm_news.cpp): its block, made before its first window is handed out and
-// given back with the CQ; a window's index in it (under cq->inbound_mu); the windows the
-// news names for tickets [from, *upto), at most max (*upto < bell: the rest next time), or
-// -1 (look at every window).
-// Whether the news may be on in this process (SOFTVERBS_NEWS_MIN): without it the CQ's
-// count of slots taken and its block are not kept.
-bool news_enabled();
-void news_prepare(Cq* cq);
-void news_release(Cq* cq);
-void news_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr);
-void news_detach_locked(Cq* cq, Qp* t);
-int news_windows_locked(Cq* cq, uint64_t from, uint64_t bell, Qp** out, int max, uint64_t* upto);
+// A CQ's rung bits (shm_rung.cpp): the block of leaf bits, made before a window is handed
+// a leaf index and given back with the CQ; a window's index (under cq->inbound_mu);
+// whether any bit is set (one cache line); the windows whose bits are set and that hold a
+// message (at most max, the rest at the next look), clearing the bits of idle ones.
+void rung_prepare(Cq* cq);
+void rung_release(Cq* cq);
+void rung_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr);
+void rung_detach_locked(Cq* cq, Qp* t);
+bool rung_any(const Cq* cq);
+int rung_collect_locked(Cq* cq, Qp** out, int max);
+// At a look at every window: summary bits back for leaf words that lost theirs.
+void rung_resync_locked(Cq* cq);
+// A hint, read without t's queue lock: does the next message's slot of t's window hold
+// one? (Drained under the lock, which decides.)
+bool window_waiting(Qp* t);
 // ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in
 // `wc` (at most `max`), when the ring is empty and the CQ unarmed; 0 leaves it to
 // drain_inbound.

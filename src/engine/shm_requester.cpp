@@ -210,9 +210,9 @@ bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
   pw.ready = wire::ready_hint(arena, cq);
-  const uint64_t news_at = cq->news_offset;  // read once, bounded by the mapping
-  pw.news = news_at ? arena.at<wire::CqNews>(news_at, sizeof(wire::CqNews)) : nullptr;
-  pw.news_index = hdr->news_index;
+  const uint64_t rung_at = cq->rung_offset;  // read once, bounded by the mapping
+  pw.rung = wire::rung_bit(cq, rung_at ? arena.at<wire::CqRung>(rung_at, sizeof(wire::CqRung)) : nullptr,
+                           hdr->rung_index);
   pw.arena = arena;
   pw.ring_waited = &qp->window_counts.ring_waited;
   return true;
@@ -395,22 +395,25 @@ wire::WindowSlot* window_slot(wire::PeerWindow* pw, uint32_t len) {
 
 namespace {
 
-// conformance.twoproc_news_garbage: with SOFTVERBS_TEST_NEWS_GARBAGE=SEED this process is a
-// requester whose news is garbage for every message: the right ticket with the index of no
-// window, or a random word.
-std::atomic<uint64_t> g_news_garbage{UINT64_MAX};
+// conformance.twoproc_rung_garbage: with SOFTVERBS_TEST_RUNG_GARBAGE=SEED this process is a
+// requester that, for every message, writes a random word or zero over one of the target
+// CQ's rung words or its doorbell (setting bits of other windows, clearing theirs) instead
+// of ringing.
+std::atomic<uint64_t> g_rung_garbage{UINT64_MAX};
 
-void tell_news(wire::PeerWindow* pw, uint64_t ticket) {
-  uint64_t x = garbage_state(g_news_garbage, "SOFTVERBS_TEST_NEWS_GARBAGE");
-  if (x != 0 && pw->news) {
-    g_news_garbage.store(next_garbage(x), std::memory_order_relaxed);
-    // A window that does not exist, or a random word. (A lie naming another existing
-    // window can delay a message: docs/send-placement.md, "Trust".)
-    const uint64_t lie = x & 1 ? wire::news_word(ticket, (1u << wire::kNewsIndexBits) - 1) : x;
-    pw->news->entry[ticket % wire::kNewsEntries].store(lie, std::memory_order_release);
+void ring(wire::PeerWindow* pw) {
+  if (uint64_t x = garbage_state(g_rung_garbage, "SOFTVERBS_TEST_RUNG_GARBAGE")) {
+    const uint64_t which = next_garbage(x);
+    const uint64_t word = which >> 32 & 1 ? 0 : next_garbage(x);  // half the time: cleared
+    g_rung_garbage.store(x, std::memory_order_relaxed);
+    wire::CqShared* cq = pw->cq;
+    std::atomic<uint64_t>* words[] = {&cq->doorbell, &cq->rung_summary[0], &cq->rung_summary[1],
+                                      &cq->rung_summary[2], &cq->rung_direct[0], &cq->rung_direct[1],
+                                      &cq->rung_direct[2], &cq->rung_direct[3]};
+    words[which % 8]->store(word, std::memory_order_seq_cst);
     return;
   }
-  wire::tell_news(pw->cq, pw->news, pw->news_index, ticket);
+  wire::ring_cq(pw->cq, pw->rung);
 }
 
 }  // namespace
@@ -425,7 +428,7 @@ void window_unclaim(wire::PeerWindow* pw) {
   s.receive = pw->srq_number;
   s.seq.store(pw->tail + 1, std::memory_order_release);
   ++pw->tail;
-  tell_news(pw, pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst));
+  ring(pw);
 }
 
 // Hands the message whose payload is already in `s` (from window_slot) to the target.
@@ -441,7 +444,7 @@ void window_commit(wire::PeerWindow* pw, wire::WindowSlot& s, uint32_t opcode, u
   // The target turns ring messages into completions when it polls. If its CQ is armed it
   // may be asleep in ibv_get_cq_event: have its agent drain the window now, so that the
   // completion is added (and the event fires) exactly as for a local arrival.
-  tell_news(pw, pw->cq->doorbell.fetch_add(1, std::memory_order_seq_cst));
+  ring(pw);
   int arm = pw->cq->arm.load(std::memory_order_seq_cst);
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && (flags & IBV_SEND_SOLICITED)))
     wake_target(pw->ready, pw->wake_fd, pw->arena.slot, pw->dst_qpn);

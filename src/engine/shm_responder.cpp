@@ -122,7 +122,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
       return reinterpret_cast<char*>(w) - arena->base();
   }
   uint64_t mr_table = MrTable::instance().shared_offset();  // before locking the keys
-  news_prepare(t->recv_cq);  // before any lock: it may allocate
+  rung_prepare(t->recv_cq);  // before any lock: it may allocate
   // Twice the queue depth: the entry we write for a new receive is then half a ring away
   // from the one the requester reads next, not on the same cache line.
   // (A QP of an SRQ publishes no receives of its own: the smallest block.)
@@ -186,7 +186,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
     inbound_add_locked(t->recv_cq, t);  // once, if reopened
-    news_attach_locked(t->recv_cq, t, hdr);
+    rung_attach_locked(t->recv_cq, t, hdr);
     update_solo_locked(t->recv_cq);
   }
   return off;
@@ -239,15 +239,6 @@ void drain_window_into(Qp* t, Sink& sink) {
   wire::WindowHeader* hdr = t->window.load(std::memory_order_relaxed);
   if (!hdr) return;
   wire::InboundWindow& in = t->inbound;
-  // The slots taken, on every way out: the CQ's count, against its doorbell's tickets (only
-  // where the news may be on: an atomic add per drain on the polled path otherwise).
-  struct CountConsumed {
-    Qp* t;
-    uint64_t first;
-    ~CountConsumed() {
-      if (news_enabled()) t->recv_cq->consumed.fetch_add(t->inbound.head - first, std::memory_order_relaxed);
-    }
-  } count{t, in.head};
   // A QP of an SRQ: each message lands in the SRQ receive its sender claimed (its number
   // in the slot's `receive`, srq_claims.cpp).
   Srq* srq = t->srq;
@@ -260,8 +251,8 @@ void drain_window_into(Qp* t, Sink& sink) {
     // The requester wrote this after the answers to its earlier messages, so completions
     // those made are visible now (held back or already in the ring): they go first.
     if (!sink.in_order(t->recv_cq)) {
-      // Soon, then: a CQ that watches its doorbell must look again though it rang no more.
-      t->recv_cq->doorbell_seen.store(0, std::memory_order_relaxed);
+      // Soon, then: a CQ fed by many windows must look again though this one rang no more.
+      t->recv_cq->look_all.store(true, std::memory_order_relaxed);
       return;
     }
     // Read each field once: the peer's memory may change under us.
@@ -391,48 +382,60 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
   return sink.n;
 }
 
-void drain_inbound(Cq* cq, uint64_t from, uint64_t bell) {
+bool window_waiting(Qp* t) {
+  wire::WindowHeader* hdr = t->window.load(std::memory_order_acquire);
+  const wire::WindowSlot* slots = t->window_slots.load(std::memory_order_acquire);
+  if (!hdr || !slots) return false;
+  const uint64_t head = hdr->head.load(std::memory_order_relaxed);
+  return slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == head + 1;
+}
+
+void drain_inbound(Cq* cq, bool every_window) {
   // Pin the QPs with something waiting under the list lock; drain without it (queues are
   // locked before lists elsewhere).
   constexpr size_t kBatch = 16;
   Qp* busy[kBatch];
   size_t n = 0;
-  bool more = false;
-  uint64_t upto = bell;
-  uint64_t rung = 0;  // what a look at every window covers: the tickets given out before it
-  int named;
   {
     std::lock_guard<SpinLock> lock(cq->inbound_mu);
-    // The windows the news names for these tickets, if it can be believed; else every one,
-    // from where the last look stopped (a look that starts at the first window again and
-    // again finds the same idle ones first: with 10,000 windows, most of a receiver's time).
-    named = news_windows_locked(cq, from, bell, busy, kBatch, &upto);
-    if (named >= 0) {
-      for (int i = 0; i < named; ++i) busy[i]->users.fetch_add(1, std::memory_order_acq_rel);
-      n = static_cast<size_t>(named);
+    // Every window when asked, when a look was owed, or when a window without a rung bit
+    // rang the doorbell; always the windows whose bits are set.
+    const uint64_t bell = cq->shared->doorbell.load(std::memory_order_acquire);
+    // Plain loads and stores (written under this lock, or only ever set to true elsewhere):
+    // a lock-prefixed exchange here would wait for the copies of the messages just landed.
+    if (cq->look_all.load(std::memory_order_relaxed)) {
+      cq->look_all.store(false, std::memory_order_relaxed);
+      every_window = true;
     }
-    const size_t windows = named >= 0 ? 0 : cq->inbound.size();
-    // Read only where news may be on (the doorbell's line stays with the requesters).
-    if (windows >= 4 && news_enabled()) rung = cq->shared->doorbell.load(std::memory_order_acquire);
-    size_t at = cq->scan_cursor < windows ? cq->scan_cursor : 0;
-    for (size_t looked = 0; looked < windows; ++looked, at = at + 1 == windows ? 0 : at + 1) {
-      Qp* qp = cq->inbound[at];
-      // A hint (drained under the QP's lock): is the next message's slot still empty?
-      wire::WindowHeader* hdr = qp->window.load(std::memory_order_acquire);
-      const wire::WindowSlot* slots = qp->window_slots.load(std::memory_order_acquire);
-      if (hdr && slots) {
-        uint64_t head = hdr->head.load(std::memory_order_relaxed);
-        if (slots[head % wire::kWindowSlots].seq.load(std::memory_order_acquire) != head + 1)
-          continue;
-      }
-      if (n == kBatch) {
-        more = true;
-        break;
-      }
-      qp->users.fetch_add(1, std::memory_order_acq_rel);
-      busy[n++] = qp;
+    if (cq->doorbell_seen.load(std::memory_order_relaxed) != bell) {
+      cq->doorbell_seen.store(bell, std::memory_order_relaxed);
+      every_window = true;
     }
-    cq->scan_cursor = at;
+    int named = rung_collect_locked(cq, busy, kBatch);
+    for (int i = 0; i < named; ++i) busy[i]->users.fetch_add(1, std::memory_order_acq_rel);
+    n = static_cast<size_t>(named);
+    if (every_window) {
+      cq->quiet_looks.store(0, std::memory_order_relaxed);
+      rung_resync_locked(cq);
+      // From where the last look stopped: a look that starts at the first window again and
+      // again finds the same idle ones first (with 10,000 windows, most of a receiver's time).
+      const size_t windows = cq->inbound.size();
+      size_t at = cq->scan_cursor < windows ? cq->scan_cursor : 0;
+      for (size_t looked = 0; looked < windows; ++looked, at = at + 1 == windows ? 0 : at + 1) {
+        Qp* qp = cq->inbound[at];
+        if (qp->type != IBV_QPT_UD && !window_waiting(qp)) continue;
+        bool named_already = false;
+        for (size_t i = 0; i < n && !named_already; ++i) named_already = busy[i] == qp;
+        if (named_already) continue;
+        if (n == kBatch) {
+          cq->look_all.store(true, std::memory_order_relaxed);  // the next poll goes on
+          break;
+        }
+        qp->users.fetch_add(1, std::memory_order_acq_rel);
+        busy[n++] = qp;
+      }
+      cq->scan_cursor = at;
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     wire::QpRef ref(busy[i], &busy[i]->users);
@@ -443,25 +446,6 @@ void drain_inbound(Cq* cq, uint64_t from, uint64_t bell) {
     std::shared_lock keys(MrTable::instance().lock());
     std::lock_guard<QueueMutex> lock(busy[i]->rq_mu);
     drain_window_locked(busy[i]);
-  }
-  if (more) {
-    cq->doorbell_seen.store(0, std::memory_order_relaxed);  // next poll goes on
-  } else if (named < 0) {
-    // Every window looked at: what was rung before is landed now or never will be (a
-    // window reset with messages in it, a UD window's, a peer's garbage ticket). Counted
-    // as taken, so the news is believed again.
-    uint64_t c = cq->consumed.load(std::memory_order_relaxed);
-    while (c < rung && !cq->consumed.compare_exchange_weak(c, rung, std::memory_order_relaxed)) {
-    }
-  } else if (cq->consumed.load(std::memory_order_relaxed) < upto) {
-    // Fewer slots taken than tickets rung: the news named a wrong window (a peer's garbage)
-    // and a message waits elsewhere. The next poll looks at every window.
-    cq->doorbell_seen.store(0, std::memory_order_relaxed);
-  } else if (upto != bell) {
-    // The rest of the news next time, unless a drain asked for a look at every window
-    // meanwhile (0: completions held back come first) or another poller moved on.
-    uint64_t expect = bell;
-    cq->doorbell_seen.compare_exchange_strong(expect, upto, std::memory_order_relaxed);
   }
 }
 
@@ -482,7 +466,7 @@ void close_window(Qp* t, bool deliver) {
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
     inbound_remove_locked(t->recv_cq, t);
-    news_detach_locked(t->recv_cq, t);
+    rung_detach_locked(t->recv_cq, t);
     update_solo_locked(t->recv_cq);
   }
   // Nothing of ours points into the block any more; the peer may, until it is gone.

@@ -157,6 +157,7 @@ void ud_commit(wire::UdPeerWindow* p, wire::UdSlot& s, const UdHeader& h) {
   s.seq.store(p->tail + 1, std::memory_order_release);
   ++p->tail;
   // As window_commit (shm_requester.cpp): an armed CQ may be asleep in ibv_get_cq_event.
+  // A UD window has no rung bit: the doorbell (its CQ then looks at every window).
   p->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
   int arm = p->cq->arm.load(std::memory_order_seq_cst);
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && solicited))
@@ -358,7 +359,7 @@ bool drain_one(const UdTarget& tg, wire::UdInboundWindow& w, UdSink& sink, bool*
     wire::UdSlot& s = w.slots[head % wire::kWindowSlots];
     if (s.seq.load(std::memory_order_acquire) != head + 1) return true;
     if (!sink.in_order()) {
-      tg.t->recv_cq->doorbell_seen.store(0, std::memory_order_relaxed);  // look again soon
+      tg.t->recv_cq->look_all.store(true, std::memory_order_relaxed);  // look again soon
       return false;
     }
     UdMessage d;

@@ -11,13 +11,14 @@
 //
 // Message #n (from 0) goes to slot n % kWindowSlots, whose `seq` is written last, as n + 1:
 // the target polls that one word, and a small message shares its cache line, so a message
-// costs the target one doorbell line and one slot line. The requester keeps its own copies
+// costs the target one line of its CQ's rung bits and one slot line. The requester keeps its own copies
 // of the counters and reads the target's only when they say the ring or the queue is full.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "wire/registry.hpp"
@@ -62,7 +63,7 @@ struct WindowHeader {
   uint32_t mr_table_cap;
   int32_t owner_pid;
   uint32_t srq_claimer;        // with srq_offset: this window's `who` in SrqShared's owner words
-  uint32_t news_index;         // this window's index in its CQ's news (CqNews)
+  uint32_t rung_index;         // this window's bit in its CQ's rung words (CqRung)
   alignas(64) std::atomic<uint64_t> rq_posted;  // target: receives posted since opening
   alignas(64) std::atomic<uint64_t> rq_taken;   // receives already spoken for
   alignas(64) std::atomic<uint64_t> head;       // target: messages consumed
@@ -204,39 +205,82 @@ inline void ready_clear(ReadyBits& r, uint32_t bit) {
                                                  std::memory_order_seq_cst);
 }
 
+// Which of a CQ's receive windows may hold messages (issue 14, item 5: a CQ fed by 1,000
+// windows that looked at each one per message spent 15-25 µs a message). Each window of
+// the CQ has a bit (its rung index, in the window's header). A requester, after putting a
+// message in the window, sets the bit unless it is set already; the owner looks at the
+// windows whose bits are set, and clears a bit only when it finds that window empty, then
+// looks at the window once more. Both sides fence between their write and their read, so
+// a message is always either seen by that second look or rings a cleared bit. Under load
+// the bits stay set: neither side writes the shared line per message.
+// Indices below kRungDirect are in the CQ's own line (rung_direct); the next
+// kRungLeafWords × 64 are in a CqRung block, whose words each have a summary bit (rung_summary), set while the
+// word may be non-zero. A window with no index (beyond kRungMax, no block, a UD window)
+// bumps the doorbell instead, and a new doorbell value makes the owner look at every
+// window. Peers write all of this: a bit costs one look at a window; a bit a peer cleared
+// delays that message until the owner looks at every window, which it does now and then
+// (verbs/cq.cpp).
+inline constexpr uint32_t kRungDirectWords = 4;
+inline constexpr uint32_t kRungSummaryWords = 3;
+inline constexpr uint32_t kRungLeafWords = kRungSummaryWords * 64;
+inline constexpr uint32_t kRungDirect = kRungDirectWords * 64;            // 256
+inline constexpr uint32_t kRungMax = kRungDirect + kRungLeafWords * 64;  // 12,544
+inline constexpr uint32_t kRungNone = UINT32_MAX;
+struct CqRung {
+  std::atomic<uint64_t> leaf[kRungLeafWords];
+};
+
 // What a CQ shares with requesters in other processes, in its owner's arena.
 struct CqShared {
   std::atomic<int> arm;            // ArmWord; changed only by CAS
   uint32_t ready_bit;              // this CQ's bit in its channel's ReadyBits
   uint64_t ready_offset;           // the channel's ReadyBits, same arena; 0: none
-  uint64_t news_offset;            // the CQ's CqNews, same arena; 0: none
-  alignas(64) std::atomic<uint64_t> doorbell;  // bumped after each message put in a window
-  // Set by the target while enough windows feed the CQ that looking at each one per
-  // doorbell costs more than the news (below). On the doorbell's line: the requester that
-  // just bumped the doorbell holds it.
-  std::atomic<uint32_t> news_on;
+  uint64_t rung_offset;            // the CQ's CqRung, same arena; 0: none
+  // One line, all an empty poll reads: bumped after each message of a window without a
+  // rung index; the rung bits (above).
+  alignas(64) std::atomic<uint64_t> doorbell;
+  std::atomic<uint64_t> rung_summary[kRungSummaryWords];
+  std::atomic<uint64_t> rung_direct[kRungDirectWords];
 };
 static_assert(sizeof(CqShared) <= 128, "one small arena block (arena.cpp: kSmallBlock)");
+static_assert(offsetof(CqShared, rung_direct) + sizeof(CqShared::rung_direct) == 128,
+              "the doorbell and the rung words share one cache line");
 
-// Which window each of a CQ's last messages went to, so that its owner drains those
-// windows instead of looking at every window feeding the CQ (issue 14, item 5: with 10,000
-// windows on one CQ that look was most of the receiver's time per message). The requester
-// that got ticket t from the doorbell's fetch_add writes entry t % kNewsEntries as
-// news_word(t, the window's news_index) after it. Peers write here: the owner believes an
-// entry only if its ticket is the one it expects and its index names a window of the CQ,
-// and looks at every window when any entry of the doorbell's range is missing or wrong.
-inline constexpr uint32_t kNewsEntries = 512;
-inline constexpr uint32_t kNewsIndexBits = 24;
-inline constexpr uint64_t news_word(uint64_t ticket, uint32_t index) {
-  return (ticket + 1) << kNewsIndexBits | (index & ((1u << kNewsIndexBits) - 1));
-}
-struct CqNews {
-  std::atomic<uint64_t> entry[kNewsEntries];
+// Requester side: where our window's rung bit is, as the header said when it was opened
+// (bounded here: the target's words are untrusted).
+struct RungBit {
+  std::atomic<uint64_t>* word = nullptr;     // nullptr: no index (ring the doorbell)
+  std::atomic<uint64_t>* summary = nullptr;  // for a leaf word: its summary word
+  uint64_t mask = 0;
+  uint64_t summary_mask = 0;
 };
-// Requester: the doorbell's fetch_add gave `ticket` to a message in our window `index`.
-inline void tell_news(CqShared* cq, CqNews* news, uint32_t index, uint64_t ticket) {
-  if (news && cq->news_on.load(std::memory_order_relaxed))
-    news->entry[ticket % kNewsEntries].store(news_word(ticket, index), std::memory_order_release);
+inline RungBit rung_bit(CqShared* cq, CqRung* block, uint32_t index) {
+  RungBit r;
+  if (index < kRungDirect) {
+    r.word = &cq->rung_direct[index / 64];
+  } else if (index < kRungMax && block) {
+    const uint32_t leaf = (index - kRungDirect) / 64;
+    r.word = &block->leaf[leaf];
+    r.summary = &cq->rung_summary[leaf / 64];
+    r.summary_mask = uint64_t{1} << (leaf % 64);
+  } else {
+    return r;
+  }
+  r.mask = uint64_t{1} << (index % 64);
+  return r;
+}
+// After a message is in the window: its bit (and its word's summary bit, when the word was
+// empty) unless already set, or the doorbell. Also the fence between the message and the
+// caller's look at the CQ's arm word.
+inline void ring_cq(CqShared* cq, const RungBit& r) {
+  if (!r.word) {
+    cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    return;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (r.word->load(std::memory_order_relaxed) & r.mask) return;  // the owner will look
+  if (r.word->fetch_or(r.mask, std::memory_order_seq_cst) == 0 && r.summary)
+    r.summary->fetch_or(r.summary_mask, std::memory_order_seq_cst);
 }
 
 // Requester side: the target CQ's bit in its channel's ReadyBits, as the CQ named it when
@@ -292,8 +336,7 @@ struct PeerWindow {
   bool cross_memory = true;  // false once the kernel refused cross-memory attach
   int wake_fd = -1;  // wakes the target's completion channel, or -1 (ask its agent)
   ReadyHint ready;   // the target CQ's bit in its channel's ReadyBits
-  CqNews* news = nullptr;    // the target CQ's news, or nullptr
-  uint32_t news_index = 0;   // our window's index there, as the header said when opened
+  RungBit rung;      // our window's bit in the target CQ's rung words
   // Our own counts. The target's are read only when ours say the ring or its receive
   // queue is full, and rq_taken again after a message went through its agent.
   uint64_t tail = 0;    // messages written

@@ -1,22 +1,26 @@
 /*
  * Many receive windows on one CQ (issue 14, item 5): NQ QPs to each of two requester
- * processes share our receive CQ, so the CQ reads its news (which windows the last messages
- * went to) instead of looking at every window. Both requesters send ROUNDS SENDs at once,
- * each to a QP of theirs picked at random. Every message arrives, in order per QP, with its
- * payload, within the time limit.
+ * processes share our receive CQ, more windows than the CQ's own line has rung bits for,
+ * so both kinds of rung bits are used (wire/shm/window.hpp, "Which of a CQ's receive
+ * windows may hold messages"). Both requesters send ROUNDS SENDs at once, each to a QP of
+ * theirs picked at random. Every message arrives, in order per QP, with its payload,
+ * within the time limit. ctest runs it with SOFTVERBS_TEST_NO_QUIET_LOOKS=1: the CQ then
+ * never looks at every window on its own, so a message whose bit the protocol lost hangs
+ * the test instead of arriving a little late.
  *
- * Run as twoproc_news_garbage (SOFTVERBS_TEST_NEWS_GARBAGE set for the second requester
- * only): that one's news is garbage for every message (the right ticket and the index of no
- * window, or a random word): the CQ looks at every window instead, and nothing crashes,
- * nothing is lost, corrupted or late. (A lie naming another existing window can delay a
- * message until the CQ next looks at every window: docs/send-placement.md, "Trust".)
+ * Run as twoproc_many_windows_garbage (SOFTVERBS_TEST_RUNG_GARBAGE set for the second
+ * requester only): for every message that one writes a random word or zero over one of
+ * the CQ's rung words or its doorbell instead of ringing: bits of other windows set and
+ * cleared. Nothing crashes, nothing is lost or corrupted; a message whose bit was cleared
+ * waits for the CQ's occasional look at every window.
  */
 #include "common.h"
 
 #include <time.h>
 
-#define NQ 12
+#define NQ 140   /* 280 windows: more than the 256 direct bits */
 #define ROUNDS 1500
+#define RECVS 96 /* per QP: ~11 messages each on average */
 #define MSG 16
 
 static int sock;
@@ -25,7 +29,7 @@ static void requester(int s)
 {
 	sock = s;
 	if (sv_hear(sock) == 2 && getenv("SV_TEST_GARBAGE_SEED"))
-		CHECK_OK(setenv("SOFTVERBS_TEST_NEWS_GARBAGE", getenv("SV_TEST_GARBAGE_SEED"), 1));
+		CHECK_OK(setenv("SOFTVERBS_TEST_RUNG_GARBAGE", getenv("SV_TEST_GARBAGE_SEED"), 1));
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;
@@ -75,19 +79,19 @@ static double now_s(void)
 
 int main(void)
 {
-	sv_init("twoproc_news");
+	sv_init("twoproc_many_windows");
 	pid_t child[2];
 	int peer_sock[2];
 	for (int c = 0; c < 2; c++) {
 		peer_sock[c] = sv_fork_peer(requester, &child[c]);
-		sv_say(peer_sock[c], c + 1); /* 2: the one whose news may lie */
+		sv_say(peer_sock[c], c + 1); /* 2: the one that may write garbage */
 	}
 
 	struct sv_dev dev;
 	sv_open(&dev);
 	struct sv_pair_cfg cfg;
 	sv_pair_cfg_init(&cfg);
-	cfg.max_recv_wr = ROUNDS + 1;
+	cfg.max_recv_wr = RECVS;
 	struct ibv_cq *scq = sv_create_cq(&dev, 16, NULL, NULL);
 	struct ibv_cq *rcq = sv_create_cq(&dev, 2 * ROUNDS + 16, NULL, NULL);
 	struct ibv_qp *qp[2][NQ];
@@ -100,8 +104,8 @@ int main(void)
 		}
 		sv_exchange(peer_sock[c], ours, theirs, sizeof(ours));
 		for (int k = 0; k < NQ; k++) {
-			mr[c][k] = sv_alloc_mr(dev.pd, (size_t)ROUNDS * MSG, SV_ACCESS_ALL);
-			sv_connect_remote(qp[c][k], &dev, &cfg, theirs[k], mr[c][k], 0, ROUNDS, MSG);
+			mr[c][k] = sv_alloc_mr(dev.pd, (size_t)RECVS * MSG, SV_ACCESS_ALL);
+			sv_connect_remote(qp[c][k], &dev, &cfg, theirs[k], mr[c][k], 0, RECVS, MSG);
 		}
 		CHECK_EQ(sv_hear(peer_sock[c]), 1);
 	}
@@ -129,10 +133,13 @@ int main(void)
 			CHECK_WC(wc[j], (uint64_t)next[c][k], IBV_WC_SUCCESS, qp[c][k]);
 			CHECK_EQ(wc[j].byte_len, MSG);
 			int seq, from;
-			memcpy(&seq, sv_ptr(mr[c][k], (size_t)next[c][k] * MSG), sizeof(int));
-			memcpy(&from, sv_ptr(mr[c][k], (size_t)next[c][k] * MSG + sizeof(int)), sizeof(int));
+			size_t at = (size_t)(next[c][k] % RECVS) * MSG;
+			memcpy(&seq, sv_ptr(mr[c][k], at), sizeof(int));
+			memcpy(&from, sv_ptr(mr[c][k], at + sizeof(int)), sizeof(int));
 			CHECK_EQ(seq, next[c][k]);
 			CHECK_EQ(from, k);
+			/* The buffer again, for the QP's message RECVS later. */
+			CHECK_OK(sv_post_recv(qp[c][k], (uint64_t)(next[c][k] + RECVS), mr[c][k], at, MSG));
 			next[c][k]++;
 		}
 	}
