@@ -205,15 +205,17 @@ void inbound_remove_locked(Cq* cq, Qp* t);
 // message (at most max, the rest at the next look), clearing the bits of idle ones.
 void rung_prepare(Cq* cq);
 void rung_release(Cq* cq);
-void rung_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr);
+uint32_t rung_attach_locked(Cq* cq, Qp* t);  // its index for the window's header
 void rung_detach_locked(Cq* cq, Qp* t);
 bool rung_any(const Cq* cq);
 int rung_collect_locked(Cq* cq, Qp** out, int max);
 // At a look at every window: summary bits back for leaf words that lost theirs.
 void rung_resync_locked(Cq* cq);
-// A hint, read without t's queue lock: does the next message's slot of t's window hold
-// one? (Drained under the lock, which decides.)
+// A hint, read without t's queue lock: does the next message's slot of t's window (one of
+// its UD windows) hold one? (Drained under the lock, which decides; a UD QP whose lock is
+// taken says yes.) Caller holds t->recv_cq->inbound_mu.
 bool window_waiting(Qp* t);
+bool ud_window_waiting(Qp* t);  // the same for a UD QP's windows (shm_ud.cpp)
 // ibv_poll_cq's shortcut for a CQ fed by one window: lands what waits there straight in
 // `wc` (at most `max`), when the ring is empty and the CQ unarmed; 0 leaves it to
 // drain_inbound.

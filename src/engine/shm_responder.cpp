@@ -186,7 +186,7 @@ uint64_t open_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
     inbound_add_locked(t->recv_cq, t);  // once, if reopened
-    rung_attach_locked(t->recv_cq, t, hdr);
+    hdr->rung_index = rung_attach_locked(t->recv_cq, t);
     update_solo_locked(t->recv_cq);
   }
   return off;
@@ -383,6 +383,7 @@ int drain_solo_into(Cq* cq, int max, ibv_wc* wc) {
 }
 
 bool window_waiting(Qp* t) {
+  if (t->type == IBV_QPT_UD) return ud_window_waiting(t);  // shm_ud.cpp
   wire::WindowHeader* hdr = t->window.load(std::memory_order_acquire);
   const wire::WindowSlot* slots = t->window_slots.load(std::memory_order_acquire);
   if (!hdr || !slots) return false;
@@ -423,7 +424,7 @@ void drain_inbound(Cq* cq, bool every_window) {
       size_t at = cq->scan_cursor < windows ? cq->scan_cursor : 0;
       for (size_t looked = 0; looked < windows; ++looked, at = at + 1 == windows ? 0 : at + 1) {
         Qp* qp = cq->inbound[at];
-        if (qp->type != IBV_QPT_UD && !window_waiting(qp)) continue;
+        if (!window_waiting(qp)) continue;
         bool named_already = false;
         for (size_t i = 0; i < n && !named_already; ++i) named_already = busy[i] == qp;
         if (named_already) continue;

@@ -74,7 +74,7 @@ void rung_release(Cq* cq) {
   g_free_blocks.push_back(off);
 }
 
-void rung_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr) {
+uint32_t rung_attach_locked(Cq* cq, Qp* t) {
   if (t->rung_index == wire::kRungNone) {
     const uint32_t index = slot_take(cq->rung_qps, cq->rung_free, t);
     // Beyond the bits there are (or a leaf one without its block): the doorbell.
@@ -86,7 +86,7 @@ void rung_attach_locked(Cq* cq, Qp* t, wire::WindowHeader* hdr) {
       cq->rung_used.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  hdr->rung_index = t->rung_index;
+  return t->rung_index;
 }
 
 void rung_detach_locked(Cq* cq, Qp* t) {

@@ -81,6 +81,9 @@ bool open_peer(Qp* qp, uint32_t dst_qpn, wire::UdPeerWindow& p) {
   p.pid = arena.pid;
   p.wake_fd = wake_fd;
   p.ready = wire::ready_hint(arena, cq);
+  const uint64_t rung_at = cq->rung_offset;  // read once, bounded by the mapping
+  p.rung = wire::rung_bit(cq, rung_at ? arena.at<wire::CqRung>(rung_at, sizeof(wire::CqRung)) : nullptr,
+                          hdr->rung_index);
   p.arena = arena;
   p.opened = ++qp->ud_opens;
   return true;
@@ -157,8 +160,7 @@ void ud_commit(wire::UdPeerWindow* p, wire::UdSlot& s, const UdHeader& h) {
   s.seq.store(p->tail + 1, std::memory_order_release);
   ++p->tail;
   // As window_commit (shm_requester.cpp): an armed CQ may be asleep in ibv_get_cq_event.
-  // A UD window has no rung bit: the doorbell (its CQ then looks at every window).
-  p->cq->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  wire::ring_cq(p->cq, p->rung);
   int arm = p->cq->arm.load(std::memory_order_seq_cst);
   if (arm == wire::kArmNext || (arm == wire::kArmSolicited && solicited))
     wake_target(p->ready, p->wake_fd, p->arena.slot, p->dst_qpn);
@@ -412,7 +414,8 @@ void retire_window(const wire::UdInboundWindow& w) {
 }
 
 // Under t->ud_mu: the CQ's view of t's windows (Cq::solo_slots) follows their number.
-void update_watch_locked(Qp* t) {
+// Returns t's rung index, for a new window's header.
+uint32_t update_watch_locked(Qp* t) {
   auto& v = t->ud_inbound;
   bool one = v.size() == 1;
   for (auto& w : v) w.watch = nullptr;
@@ -425,8 +428,13 @@ void update_watch_locked(Qp* t) {
                          std::memory_order_release);
   t->ud_solo_head.store(one ? t->ud_watch : nullptr, std::memory_order_release);
   std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
-  if (!v.empty()) inbound_add_locked(t->recv_cq, t);
+  uint32_t rung = wire::kRungNone;
+  if (!v.empty()) {
+    inbound_add_locked(t->recv_cq, t);
+    rung = rung_attach_locked(t->recv_cq, t);
+  }
   update_solo_locked(t->recv_cq);
+  return rung;
 }
 
 // Drains every window of t into `sink`. Caller holds the key lock (shared) and t->ud_mu.
@@ -461,6 +469,7 @@ uint64_t open_ud_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   if (!arena || !t->recv_cq->shared_offset || peer_pid <= 0 || (t->srq && t->srq->tm)) return 0;
   // Only the process that owns the sender QP's number may write as that QP.
   if (wire::slot_owner(wire::slot_of_qpn(peer_qpn)) != peer_pid) return 0;
+  rung_prepare(t->recv_cq);  // before any lock: it may allocate
   uint64_t bytes = wire::ud_window_bytes();
   uint64_t off = arena->allocate(bytes);
   if (!off) return 0;
@@ -506,8 +515,16 @@ uint64_t open_ud_window(Qp* t, uint32_t peer_qpn, pid_t peer_pid) {
   // The slots' seq words are 0 already (Arena::allocate gives zeros).
   auto* slots = reinterpret_cast<wire::UdSlot*>(reinterpret_cast<char*>(hdr) + wire::ud_window_slots_at());
   v.push_back({hdr, slots, peer_qpn, 0, nullptr, off, peer_pid});
-  update_watch_locked(t);
+  hdr->rung_index = update_watch_locked(t);  // before the agent hands the window out
   return off;
+}
+
+bool ud_window_waiting(Qp* t) {
+  std::unique_lock<QueueMutex> lock(t->ud_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return true;  // in use: the drain decides
+  for (const auto& w : t->ud_inbound)
+    if (w.slots[w.head % wire::kWindowSlots].seq.load(std::memory_order_acquire) == w.head + 1) return true;
+  return false;
 }
 
 void drain_ud(Qp* t, bool keys_held) {
@@ -551,6 +568,7 @@ void close_ud_windows(Qp* t, bool deliver_first) {
   {
     std::lock_guard<SpinLock> inbound(t->recv_cq->inbound_mu);
     inbound_remove_locked(t->recv_cq, t);
+    rung_detach_locked(t->recv_cq, t);
     update_solo_locked(t->recv_cq);
   }
   // A CQ's poll that found t before it left the list holds ud_mu until it is done.

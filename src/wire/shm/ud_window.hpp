@@ -61,6 +61,7 @@ struct UdWindowHeader {
   uint64_t cq_offset;          // the target's receive CQ's CqShared, in the same arena
   int32_t owner_pid;
   uint32_t slots_offset;       // from the header to slots[0]
+  uint32_t rung_index;         // the target QP's bit in its CQ's rung words (window.hpp)
   alignas(64) std::atomic<uint64_t> head;  // target: messages consumed
   // Followed by UdSlot slots[kWindowSlots] at slots_offset.
 };
@@ -99,6 +100,7 @@ struct UdPeerWindow {
   pid_t pid = 0;            // the target process, as the kernel named its agent
   int wake_fd = -1;         // wakes the target's completion channel, or -1 (ask its agent)
   ReadyHint ready;          // the target CQ's bit in its channel's ReadyBits
+  RungBit rung;             // the target QP's bit in its CQ's rung words
   uint64_t tail = 0;        // messages written
   uint64_t head = 0;        // messages the target had consumed when last read
   uint64_t opened = 0;      // when (a count of opens), to pick the one to close for room

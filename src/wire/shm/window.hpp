@@ -215,8 +215,8 @@ inline void ready_clear(ReadyBits& r, uint32_t bit) {
 // the bits stay set: neither side writes the shared line per message.
 // Indices below kRungDirect are in the CQ's own line (rung_direct); the next
 // kRungLeafWords × 64 are in a CqRung block, whose words each have a summary bit (rung_summary), set while the
-// word may be non-zero. A window with no index (beyond kRungMax, no block, a UD window)
-// bumps the doorbell instead, and a new doorbell value makes the owner look at every
+// word may be non-zero. (A UD QP's windows share the QP's bit.) A window with no index
+// (beyond kRungMax, or no block) bumps the doorbell instead, and a new doorbell value makes the owner look at every
 // window. Peers write all of this: a bit costs one look at a window; a bit a peer cleared
 // delays that message until the owner looks at every window, which it does now and then
 // (verbs/cq.cpp).
