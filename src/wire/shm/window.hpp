@@ -207,19 +207,20 @@ inline void ready_clear(ReadyBits& r, uint32_t bit) {
 
 // Which of a CQ's receive windows may hold messages (issue 14, item 5: a CQ fed by 1,000
 // windows that looked at each one per message spent 15-25 µs a message). Each window of
-// the CQ has a bit (its rung index, in the window's header). A requester, after putting a
-// message in the window, sets the bit unless it is set already; the owner looks at the
-// windows whose bits are set, and clears a bit only when it finds that window empty, then
-// looks at the window once more. Both sides fence between their write and their read, so
-// a message is always either seen by that second look or rings a cleared bit. Under load
-// the bits stay set: neither side writes the shared line per message.
-// Indices below kRungDirect are in the CQ's own line (rung_direct); the next
-// kRungLeafWords × 64 are in a CqRung block, whose words each have a summary bit (rung_summary), set while the
-// word may be non-zero. (A UD QP's windows share the QP's bit.) A window with no index
-// (beyond kRungMax, or no block) bumps the doorbell instead, and a new doorbell value makes the owner look at every
-// window. Peers write all of this: a bit costs one look at a window; a bit a peer cleared
-// delays that message until the owner looks at every window, which it does now and then
-// (verbs/cq.cpp).
+// the CQ has a bit (its rung index, in the window's header; a UD QP's windows share the
+// QP's). A requester, after putting a message in the window, sets the bit unless it is
+// set already; the owner looks at the windows whose bits are set, and clears a bit only
+// when it finds that window empty, then looks at the window once more. Both sides fence
+// between their write and their read, so a message is always either seen by that second
+// look or sets the bit again. While a window stays busy its bit stays set and its
+// requester only reads it.
+// Indices below kRungDirect are bits of the CQ's own line (rung_direct); the next
+// kRungLeafWords * 64 are bits of a CqRung block, each of whose words has a summary bit
+// (rung_summary), set while the word may be non-zero. A window with no index (beyond
+// kRungMax, or no block yet) bumps the doorbell instead, and a new doorbell value makes the
+// owner look at every window. Peers write all of this: a bit costs one look at a window; a
+// bit a peer cleared delays that message until the owner looks at every window, which it
+// does now and then (verbs/cq.cpp).
 inline constexpr uint32_t kRungDirectWords = 4;
 inline constexpr uint32_t kRungSummaryWords = 3;
 inline constexpr uint32_t kRungLeafWords = kRungSummaryWords * 64;
