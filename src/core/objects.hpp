@@ -628,6 +628,7 @@ struct Qp {
   std::atomic<const wire::WindowSlot*> window_slots{nullptr};
   wire::InboundWindow inbound;
   uint32_t rung_index = UINT32_MAX;  // in recv_cq->rung_qps (under recv_cq->inbound_mu)
+  uint64_t rung_idle_since = 0;      // when its window was first found idle (same lock)
   size_t inbound_pos = SIZE_MAX;     // in recv_cq->inbound (under recv_cq->inbound_mu)
   // Requester side: the peer's window, when the peer is another process (under sq_mu).
   wire::PeerWindow peer_window;
