@@ -320,8 +320,8 @@ struct Cq {
   std::atomic<uint64_t> doorbell_seen{0};  // the doorbell value last drained for
   // The next look at the windows looks at every one (a drain left messages behind).
   std::atomic<bool> look_all{false};
-  // Empty looks since the last look at every window (a hint: updated without a lock).
-  std::atomic<uint32_t> quiet_looks{0};
+  // Looks since the last look at every window (a hint: updated without a lock).
+  std::atomic<uint32_t> looks_since_full{0};
   // QPs whose receive windows feed this CQ: ibv_poll_cq drains them first.
   SpinLock inbound_mu;
   std::vector<Qp*> inbound;
@@ -334,7 +334,7 @@ struct Cq {
   std::atomic<uint32_t> rung_used{0};
   std::atomic<wire::CqRung*> rung_block{nullptr};
   std::atomic<uint64_t> rung_offset{0};
-  uint32_t rung_cursor = 0;  // under inbound_mu: the rung word the last look stopped at
+  uint32_t rung_cursor = 0;  // under inbound_mu: the rung bit the last look stopped at
   size_t scan_cursor = 0;  // under inbound_mu: where a look at every window starts
   // With exactly one window feeding it, the CQ watches that window's next slot instead of
   // its rung bits: their cache line then stays with the requester, and a message

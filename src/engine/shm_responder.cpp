@@ -416,7 +416,7 @@ void drain_inbound(Cq* cq, bool every_window) {
     for (int i = 0; i < named; ++i) busy[i]->users.fetch_add(1, std::memory_order_acq_rel);
     n = static_cast<size_t>(named);
     if (every_window) {
-      cq->quiet_looks.store(0, std::memory_order_relaxed);
+      cq->looks_since_full.store(0, std::memory_order_relaxed);
       rung_resync_locked(cq);
       // From where the last look stopped: a look that starts at the first window again and
       // again finds the same idle ones first (with 10,000 windows, most of a receiver's time).

@@ -8,6 +8,7 @@
 // (verbs/cq.cpp), for bits a peer cleared.
 #include <time.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -26,8 +27,19 @@ namespace {
 std::mutex g_free_mu;
 std::vector<uint64_t>& g_free_blocks = *new std::vector<uint64_t>;
 
-// How long an idle window keeps its bit set.
+// How long an idle window keeps its bit set, and how many idle windows one look visits
+// (the rest at the next look: a poll stays short however many windows were busy lately).
+// SOFTVERBS_TEST_RUNG_IDLE_LOOKS=N sets the second (conformance.twoproc_many_windows: 4,
+// so that its looks stop early and the cursor matters).
 constexpr uint64_t kRungKeepNs = 1'000'000;
+uint32_t rung_idle_looks() {
+  static const uint32_t n = [] {
+    const char* v = std::getenv("SOFTVERBS_TEST_RUNG_IDLE_LOOKS");
+    const unsigned long x = v ? std::strtoul(v, nullptr, 0) : 0;
+    return x ? static_cast<uint32_t>(x) : 64u;
+  }();
+  return n;
+}
 
 uint64_t monotonic_ns() {
   timespec ts;
@@ -47,9 +59,10 @@ void clear_summary(std::atomic<uint64_t>& word, std::atomic<uint64_t>& summary, 
 
 void rung_prepare(Cq* cq) {
   // Leaf indices are handed out only with the block there: make it when the direct ones
-  // run short (a hint read without the lock; attach checks again).
+  // run short (a hint read without the lock, with room for 64 windows opening meanwhile;
+  // one that finds no index rings the doorbell for good).
   if (cq->rung_block.load(std::memory_order_acquire) || !cq->shared_offset ||
-      cq->rung_used.load(std::memory_order_relaxed) + 16 < wire::kRungDirect)
+      cq->rung_used.load(std::memory_order_relaxed) + 64 < wire::kRungDirect)
     return;
   wire::Arena* arena = wire::Arena::self();
   if (!arena) return;
@@ -129,13 +142,26 @@ void rung_resync_locked(Cq* cq) {
 int rung_collect_locked(Cq* cq, Qp** out, int max) {
   wire::CqShared* s = cq->shared;
   wire::CqRung* block = cq->rung_block.load(std::memory_order_acquire);
+  if (!block) {
+    // No leaf index was handed out (attach reads the block under this lock too): summary
+    // bits are a peer's garbage, or a stale requester's; left set they would keep every
+    // poll of the CQ busy.
+    for (auto& w : s->rung_summary)
+      if (w.load(std::memory_order_relaxed)) w.store(0, std::memory_order_relaxed);
+  }
   // Word i: direct word i, then leaf word i - kRungDirectWords (where its summary bit is
-  // set). From the word the last look stopped at, so that no window waits behind others.
+  // set). From the bit the last look stopped at, so that no window waits behind others:
+  // that word's bits from the cursor on, every other word, then its bits below the cursor.
   const uint32_t words = block ? wire::kRungDirectWords + wire::kRungLeafWords : wire::kRungDirectWords;
-  uint32_t w = cq->rung_cursor < words ? cq->rung_cursor : 0;
+  const uint32_t from = cq->rung_cursor < words * 64 ? cq->rung_cursor : 0;
+  uint32_t w = from / 64;
   int n = 0;
+  uint32_t idle_looks = rung_idle_looks();
   uint64_t now = 0;  // read once, at the first idle window
-  for (uint32_t k = 0; k < words; ++k, w = w + 1 == words ? 0 : w + 1) {
+  for (uint32_t k = 0; k <= words; ++k, w = w + 1 == words ? 0 : w + 1) {
+    const uint64_t at_or_above = ~uint64_t{0} << (from % 64);
+    const uint64_t part = k == 0 ? at_or_above : k == words ? ~at_or_above : ~uint64_t{0};
+    if (!part) continue;
     std::atomic<uint64_t>* word;
     std::atomic<uint64_t>* summary = nullptr;
     uint64_t summary_mask = 0;
@@ -153,19 +179,20 @@ int rung_collect_locked(Cq* cq, Qp** out, int max) {
     }
     uint64_t bits = word->load(std::memory_order_acquire);
     if (!bits && summary) clear_summary(*word, *summary, summary_mask);
-    for (; bits; bits &= bits - 1) {
-      if (n == max) {  // the rest from here at the next look; their bits stay set
-        cq->rung_cursor = w;
-        return n;
-      }
+    for (bits &= part; bits; bits &= bits - 1) {
       const uint64_t mask = bits & -bits;
       const uint32_t index = base + static_cast<uint32_t>(__builtin_ctzll(bits));
+      if (n == max || idle_looks == 0) {  // the rest from here at the next look
+        cq->rung_cursor = index;
+        return n;
+      }
       Qp* qp = index < cq->rung_qps.size() ? cq->rung_qps[index] : nullptr;
       if (qp && window_waiting(qp)) {
         qp->rung_idle_since = 0;
         out[n++] = qp;
         continue;
       }
+      --idle_looks;
       // Idle: its bit stays until the window has been idle for kRungKeepNs, so that a
       // requester streaming into it finds the bit set and writes nothing (clearing it
       // between messages cost ib_send_bw -q 16/256 -s 65536 3-5 %: the line went back and
@@ -184,8 +211,7 @@ int rung_collect_locked(Cq* cq, Qp** out, int max) {
       if (!left && summary) clear_summary(*word, *summary, summary_mask);
     }
   }
-  cq->rung_cursor = w;
-  return n;
+  return n;  // every set bit looked at: the next look may start where this one did
 }
 
 }  // namespace softverbs::engine

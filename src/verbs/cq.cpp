@@ -190,8 +190,10 @@ int destroy_cq(Cq* cq) {
   pthread_mutex_destroy(&c->mutex);
   pthread_cond_destroy(&c->cond);
   // The shared block goes back to the arena. A peer that still held its address (its QPs
-  // are gone, so an honest one does not) can only ring the doorbell or read the arm word of
-  // the next CQ there: a spurious drain or wake-up, never a lost event (Cq::armed).
+  // are gone, so an honest one does not) can only ring the doorbell or rung bits, or read
+  // the arm word, of the next CQ there: a spurious drain or wake-up, or (a stale leaf bit
+  // that keeps an honest requester from setting its summary bit) a message found at the
+  // next look at every window; never a lost event (Cq::armed).
   engine::rung_release(cq);
   if (cq->shared_offset)
     if (wire::Arena* arena = wire::Arena::self()) arena->release(cq->shared_offset, sizeof(wire::CqShared));
@@ -206,10 +208,10 @@ namespace {
 
 enum class Inbound { None, Solo, Rang };
 
-// Empty looks between two looks at every window of a CQ fed by several (~1-2 ms of a
-// polling loop): how long a message whose rung bit a peer cleared can wait. Never, with
+// Looks between two looks at every window of a CQ fed by several (~1-2 ms of a polling
+// loop): how long a message whose rung bit a peer cleared can wait. Never, with
 // SOFTVERBS_TEST_NO_QUIET_LOOKS (conformance.twoproc_many_windows: a lost bit hangs it).
-uint32_t quiet_looks_max() {
+uint32_t full_look_every() {
   static const uint32_t n = getenv("SOFTVERBS_TEST_NO_QUIET_LOOKS") ? UINT32_MAX : 1u << 16;
   return n;
 }
@@ -224,16 +226,19 @@ Inbound inbound_waiting(Cq* cq) {
                ? Inbound::Solo
                : Inbound::None;
   }
+  // Every so many looks, busy or not, a look at every window: a peer may have cleared the
+  // bit of a message (garbage) and keep others set. Counted without a lock-prefixed
+  // instruction; a lost count only delays it.
+  const uint32_t looks = cq->looks_since_full.load(std::memory_order_relaxed) + 1;
+  cq->looks_since_full.store(looks, std::memory_order_relaxed);
+  if (looks >= full_look_every()) {
+    cq->look_all.store(true, std::memory_order_relaxed);
+    return Inbound::Rang;
+  }
   if (engine::rung_any(cq) || cq->look_all.load(std::memory_order_relaxed) ||
       cq->shared->doorbell.load(std::memory_order_acquire) != cq->doorbell_seen.load(std::memory_order_relaxed))
     return Inbound::Rang;
-  // Now and then a look at every window: a peer may have cleared the bit of a message
-  // (garbage). Counted without a lock-prefixed instruction; a lost count only delays it.
-  const uint32_t quiet = cq->quiet_looks.load(std::memory_order_relaxed) + 1;
-  cq->quiet_looks.store(quiet, std::memory_order_relaxed);
-  if (quiet < quiet_looks_max()) return Inbound::None;
-  cq->look_all.store(true, std::memory_order_relaxed);
-  return Inbound::Rang;
+  return Inbound::None;
 }
 
 // Messages that peers left in receive windows become completions now (they ring the CQ
@@ -368,6 +373,9 @@ int req_notify_cq(Cq* cq, int solicited_only) {
     // sleeps: a requester bumps the doorbell, then reads this word (both seq_cst), so either
     // it sees us armed and wakes us, or our drain below sees its message.
     cq->arm->store(armed, std::memory_order_seq_cst);
+    // And the fence that pairs with the requester's (wire::ring_cq) in the C++ model: our
+    // later relaxed reads of the rung words and slots see its message, or it sees the arm.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     // Messages that came before the arm woke nobody: a waiter in ibv_get_cq_event looks
     // (after the arm, so any message it misses finds the CQ armed and wakes it).
     if (CompChannel* ch = cq->channel) wire::ready_set(ch->looks, cq->channel_slot);
