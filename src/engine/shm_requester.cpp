@@ -411,7 +411,7 @@ void ring(wire::PeerWindow* pw) {
                                       &cq->rung_summary[2], &cq->rung_direct[0], &cq->rung_direct[1],
                                       &cq->rung_direct[2], &cq->rung_direct[3]};
     words[which % 8]->store(word, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // as ring_cq's, before the arm
+    full_fence();  // as ring_cq's, before the arm
     return;
   }
   wire::ring_cq(pw->cq, pw->rung);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/full_fence.hpp"
 #include "engine/engine.hpp"
 #include "core/core.hpp"
 #include "core/slot_table.hpp"
@@ -51,7 +52,7 @@ uint64_t monotonic_ns() {
 // requester that made it non-zero meanwhile set the summary bit, or we set it back).
 void clear_summary(std::atomic<uint64_t>& word, std::atomic<uint64_t>& summary, uint64_t mask) {
   summary.fetch_and(~mask, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  full_fence();
   if (word.load(std::memory_order_relaxed)) summary.fetch_or(mask, std::memory_order_seq_cst);
 }
 
@@ -206,7 +207,7 @@ int rung_collect_locked(Cq* cq, Qp** out, int max) {
       // Idle for a while (or no window): the bit goes, then one more look at the window. A
       // requester that found the bit still set put its message there before our second look.
       const uint64_t left = word->fetch_and(~mask, std::memory_order_seq_cst) & ~mask;
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      full_fence();
       if (qp && window_waiting(qp)) out[n++] = qp;
       if (!left && summary) clear_summary(*word, *summary, summary_mask);
     }

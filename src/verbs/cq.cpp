@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/full_fence.hpp"
 #include "core/slot_table.hpp"
 #include "engine/engine.hpp"
 #include "engine/roce.hpp"
@@ -375,7 +376,7 @@ int req_notify_cq(Cq* cq, int solicited_only) {
     cq->arm->store(armed, std::memory_order_seq_cst);
     // And the fence that pairs with the requester's (wire::ring_cq) in the C++ model: our
     // later relaxed reads of the rung words and slots see its message, or it sees the arm.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    full_fence();
     // Messages that came before the arm woke nobody: a waiter in ibv_get_cq_event looks
     // (after the arm, so any message it misses finds the CQ armed and wakes it).
     if (CompChannel* ch = cq->channel) wire::ready_set(ch->looks, cq->channel_slot);
