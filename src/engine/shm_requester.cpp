@@ -210,9 +210,7 @@ bool open_peer_window(Qp* qp, uint32_t dst_qpn, int wait_ms) {
   pw.cross_memory = cross_memory;
   pw.wake_fd = wake_fd;
   pw.ready = wire::ready_hint(arena, cq);
-  const uint64_t rung_at = cq->rung_offset;  // read once, bounded by the mapping
-  pw.rung = wire::rung_bit(cq, rung_at ? arena.at<wire::CqRung>(rung_at, sizeof(wire::CqRung)) : nullptr,
-                           hdr->rung_index);
+  pw.rung = wire::rung_bit(arena, cq, hdr->rung_index);
   pw.arena = arena;
   pw.ring_waited = &qp->window_counts.ring_waited;
   return true;

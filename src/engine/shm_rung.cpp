@@ -6,13 +6,12 @@
 // it names a window by our own table (an index of no window is cleared), and a set bit
 // costs one look at a window. The owner also looks at every window now and then
 // (verbs/cq.cpp), for bits a peer cleared.
-#include <time.h>
-
 #include <cstdlib>
 #include <mutex>
 #include <vector>
 
 #include "common/full_fence.hpp"
+#include "core/completion_clock.hpp"
 #include "engine/engine.hpp"
 #include "core/core.hpp"
 #include "core/slot_table.hpp"
@@ -42,11 +41,7 @@ uint32_t rung_idle_looks() {
   return n;
 }
 
-uint64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec)) | 1;
-}
+uint64_t monotonic_ns() { return clock_ns(CLOCK_MONOTONIC) | 1; }  // never 0: "not idle"
 
 // A leaf word found empty: its summary bit goes, then the word is read once more (a
 // requester that made it non-zero meanwhile set the summary bit, or we set it back).

@@ -81,9 +81,7 @@ bool open_peer(Qp* qp, uint32_t dst_qpn, wire::UdPeerWindow& p) {
   p.pid = arena.pid;
   p.wake_fd = wake_fd;
   p.ready = wire::ready_hint(arena, cq);
-  const uint64_t rung_at = cq->rung_offset;  // read once, bounded by the mapping
-  p.rung = wire::rung_bit(cq, rung_at ? arena.at<wire::CqRung>(rung_at, sizeof(wire::CqRung)) : nullptr,
-                          hdr->rung_index);
+  p.rung = wire::rung_bit(arena, cq, hdr->rung_index);
   p.arena = arena;
   p.opened = ++qp->ud_opens;
   return true;

@@ -371,8 +371,8 @@ int req_notify_cq(Cq* cq, int solicited_only) {
     int armed = std::max(cq->armed.load(std::memory_order_relaxed), want);
     cq->armed.store(armed, std::memory_order_relaxed);
     // Published (again, whatever a peer wrote there) before the caller looks for work and
-    // sleeps: a requester bumps the doorbell, then reads this word (both seq_cst), so either
-    // it sees us armed and wakes us, or our drain below sees its message.
+    // sleeps: a requester rings the CQ (wire::ring_cq), then reads this word, so either it
+    // sees us armed and wakes us, or our drain below sees its message.
     cq->arm->store(armed, std::memory_order_seq_cst);
     // And the fence that pairs with the requester's (wire::ring_cq) in the C++ model: our
     // later relaxed reads of the rung words and slots see its message, or it sees the arm.

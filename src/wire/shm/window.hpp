@@ -255,10 +255,14 @@ struct RungBit {
   std::atomic<uint64_t>* word = nullptr;  // nullptr: no index (ring the doorbell)
   uint32_t index = kRungNone;
 };
-inline RungBit rung_bit(CqShared* cq, CqRung* block, uint32_t index) {
+// `index` as the window's header said when it was opened; the CQ's block read once and
+// bounded by the mapping (as ready_hint below).
+inline RungBit rung_bit(const PeerArena& arena, CqShared* cq, uint32_t index) {
   if (index < kRungDirect) return {&cq->rung_direct[index / 64], index};
-  if (index < kRungMax && block) return {&block->leaf[(index - kRungDirect) / 64], index};
-  return {};
+  if (index >= kRungMax) return {};
+  const uint64_t offset = cq->rung_offset;
+  CqRung* block = offset ? arena.at<CqRung>(offset, sizeof(CqRung)) : nullptr;
+  return block ? RungBit{&block->leaf[(index - kRungDirect) / 64], index} : RungBit{};
 }
 // After a message is in the window: its bit (and its word's summary bit, when the word was
 // empty) unless already set, or the doorbell. Also the fence between the message and the
