@@ -105,6 +105,11 @@ struct Context {
   // objects_mu; made on first use, freed with the context; verbs/xrc.cpp).
   Pd* xrc_pd = nullptr;
   Cq* xrc_cq = nullptr;
+  // TGT QPs of this context whose creator handle is gone while other handles (in other
+  // processes too) hold them, and whether ibv_close_device came: the context is freed by
+  // the later of its close and the last such QP's destroy (under objects_mu; verbs/xrc.cpp).
+  int hosted_tgt_qps = 0;
+  bool closed = false;
 
   ibv_context* ibv() { return &vctx.context; }
   static Context* from(ibv_context* c);
@@ -576,7 +581,10 @@ struct Qp {
   std::mutex xrc_mu;
   std::vector<Qp*> xrc_openers;
   int xrc_handles = 1;  // the creator's handle plus the opened ones
-  bool xrc_creator_gone = false;  // the creator destroyed its handle
+  // The creator destroyed its handle: the QP no longer counts on the creator's Xrcd
+  // handle (xrcd is null) but holds the domain itself, and counts in its context's
+  // hosted_tgt_qps, as the kernel's QP holds its xrcd, not the creator's file.
+  bool xrc_creator_gone = false;
   // Other processes' handles on this TGT QP (ibv_open_qp through our agent): their pid and
   // registry slot, one entry per handle; they hear its events through their agents.
   std::vector<std::pair<pid_t, int>> xrc_remote_openers;

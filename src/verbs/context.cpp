@@ -151,15 +151,30 @@ ibv_context* open_context(ibv_device* dev, int import_fd) {
 }
 
 int close_context(Context* ctx) {
-  free_tgt_resources(ctx);  // XRC TGT QPs' hidden PD and CQ (verbs/xrc.cpp)
   sweep_unimported_pds();  // the objects on them are gone by now, if the program freed them
   unregister_context(ctx);
   ::close(ctx->cmd_fd);
-  pthread_mutex_destroy(&ctx->ibv()->mutex);
+  ctx->cmd_fd = -1;
   stat::withdraw(ctx);
   ctx->magic = kDead;
-  delete ctx;
+  // A TGT QP whose creator handle went runs here while other processes hold it (the
+  // kernel's outlives the creator's file): the context stays, unseen, until the last such
+  // QP goes (verbs/xrc.cpp, tgt_qp_destroyed). Marked last: from then on that destroy may
+  // free it.
+  bool hosting;
+  {
+    std::lock_guard<std::mutex> lock(ctx->objects_mu);
+    ctx->closed = true;
+    hosting = ctx->hosted_tgt_qps > 0;
+  }
+  if (!hosting) free_closed_context(ctx);
   return 0;
+}
+
+void free_closed_context(Context* ctx) {
+  free_tgt_resources(ctx);  // XRC TGT QPs' hidden PD and CQ (verbs/xrc.cpp); uses the mutex
+  pthread_mutex_destroy(&ctx->ibv()->mutex);
+  delete ctx;
 }
 
 int get_async_event(Context* ctx, ibv_async_event* ev) {

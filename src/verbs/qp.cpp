@@ -621,8 +621,12 @@ int destroy_qp(Qp* qp) {
   pthread_cond_destroy(&q->cond);
   stat::withdraw(qp);
   qp->magic = kDead;
+  Context* ctx = qp->ctx;
+  const bool hosted = qp->xrc_creator_gone;
+  std::shared_ptr<XrcDomain> domain = std::move(qp->xrc_domain);
   delete qp;
   uncount_object(Counted::Qp);
+  if (hosted) tgt_qp_destroyed(ctx, domain);
   sweep_unimported_pds();  // an unimported PD it was created on may go now
   return 0;
 }

@@ -21,6 +21,9 @@ namespace softverbs {
 // -1 for a new one.
 ibv_context* open_context(ibv_device* dev, int import_fd = -1);
 int close_context(Context* ctx);
+// The rest of a close deferred while TGT QPs whose creator handle went run in the context
+// (Context::hosted_tgt_qps): its hidden PD and CQ, and the context itself.
+void free_closed_context(Context* ctx);
 int get_async_event(Context* ctx, ibv_async_event* ev);
 void ack_async_event(ibv_async_event* ev);
 // What an async event's element names (ibv_get_async_event(3)).
@@ -172,6 +175,7 @@ ibv_srq* create_srq_ex(Context* ctx, ibv_srq_init_attr_ex* attr);
 ibv_xrcd* open_xrcd(Context* ctx, const ibv_xrcd_init_attr* attr);
 int close_xrcd(Xrcd* xrcd);
 void close_xrcd_domain(const std::shared_ptr<XrcDomain>& domain);
+void hold_xrcd_domain(const std::shared_ptr<XrcDomain>& domain);
 ibv_srq* create_xrc_srq(Context* ctx, ibv_srq_init_attr_ex* attr);
 void forget_xrc_srq(Srq* srq);  // destroy_srq: no message can reach it after this
 int get_srq_num(Srq* srq, uint32_t* num);
@@ -181,6 +185,9 @@ ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr);
 bool release_tgt_handle(Qp* handle);
 void free_opened_handle(Qp* handle);
 void free_tgt_resources(Context* ctx);  // close_context
+// destroy_qp, after freeing a TGT QP whose creator handle had gone (Qp::xrc_creator_gone):
+// the domain it held, and its context if that was closed meanwhile.
+void tgt_qp_destroyed(Context* ctx, const std::shared_ptr<XrcDomain>& domain);
 // A handle on a TGT QP of another process (Qp::xrc_remote_slot): through its agent.
 int modify_remote_tgt(Qp* handle, ibv_qp_attr* attr, int mask);
 int query_remote_tgt(Qp* handle, ibv_qp_attr* attr, ibv_qp_init_attr* init);

@@ -243,6 +243,13 @@ ibv_xrcd* open_xrcd(Context* ctx, const ibv_xrcd_init_attr* attr) {
   return &x->ibv;
 }
 
+// One more holder of the domain in this process: a TGT QP whose creator handle went.
+void hold_xrcd_domain(const std::shared_ptr<XrcDomain>& d) {
+  if (!d || !d->shared) return;
+  std::lock_guard<std::mutex> lock(g_domains_mu);
+  ++d->handles;
+}
+
 void close_xrcd_domain(const std::shared_ptr<XrcDomain>& d) {
   if (!d || !d->shared) return;
   std::lock_guard<std::mutex> lock(g_domains_mu);
@@ -574,6 +581,16 @@ bool release_tgt_handle(Qp* handle) {
     lock.unlock();
     // Its events not yet handed out vanish, as for any destroyed QP.
     drop_async_events_of(tgt->ctx, EventElement::Qp, tgt->qp());
+    // The creator holds no handle now: its Xrcd may close (ibv_close_xrcd is EBUSY only
+    // while the process holds handles), the domain stays while the QP lives, and so does
+    // the context it runs in, past ibv_close_device (tgt_qp_destroyed).
+    if (tgt->xrcd) tgt->xrcd->users--;
+    tgt->xrcd = nullptr;
+    hold_xrcd_domain(tgt->xrc_domain);
+    {
+      std::lock_guard<std::mutex> objects(tgt->ctx->objects_mu);
+      ++tgt->ctx->hosted_tgt_qps;
+    }
     lock.lock();
   }
   if (handle != tgt) {
@@ -596,6 +613,16 @@ void free_opened_handle(Qp* h) {
   pthread_cond_destroy(&q->cond);
   h->magic = kDead;
   delete h;
+}
+
+void tgt_qp_destroyed(Context* ctx, const std::shared_ptr<XrcDomain>& domain) {
+  close_xrcd_domain(domain);
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(ctx->objects_mu);
+    last = --ctx->hosted_tgt_qps == 0 && ctx->closed;
+  }
+  if (last) free_closed_context(ctx);
 }
 
 void free_tgt_resources(Context* ctx) {

@@ -1,0 +1,252 @@
+/*
+ * An XRC TGT QP whose creator destroyed its handle and closed its device, while another
+ * process still holds a handle (ibv_open_qp(3): "ibv_destroy_qp() closes the opened QP and
+ * destroys the underlying QP if it has no other references"; in the kernel the creator's
+ * handle is one holder among others). Same host. A (parent) creates the domain on a file and
+ * the TGT QP, connects it to B's INI QP; B (child) opens the domain, owns the XRC SRQ and a
+ * handle on the TGT QP.
+ *  1. A destroys its TGT handle, closes its domain handle (no handle of its own left: 0),
+ *     deallocates and closes its device, and stays alive.
+ *  2. B sends through the TGT QP into its SRQ: SEND, WRITE, READ complete; its handle still
+ *     queries and modifies the QP (to ERR: its INI QP's next SEND fails, RESET, and back to
+ *     RTR through the handle, with the INI QP reconnected: a SEND completes again).
+ *  3. B destroys its handle: the QP goes; A's process, still alive, is unharmed (it opens
+ *     the device again and makes a TGT QP of a new domain).
+ * The library before this test refused A's ibv_close_xrcd (EBUSY: the QP still counted
+ * on A's domain handle), and closing A's device freed the context the QP still ran in.
+ */
+#include "common.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MR_LEN 16384
+#define MSG 64
+
+static char path[] = "/tmp/softverbs-xrc-leave-XXXXXX";
+
+static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
+{
+	struct ibv_xrcd_init_attr a = {0};
+	a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	a.fd = fd;
+	a.oflags = oflags;
+	return ibv_open_xrcd(ctx, &a);
+}
+
+static struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
+{
+	struct ibv_qp_init_attr_ex a = {0};
+	a.qp_type = IBV_QPT_XRC_RECV;
+	a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	a.xrcd = x;
+	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	CHECK(qp != NULL);
+	return qp;
+}
+
+/* INIT, RTR to dest (and RTS for an INI QP). */
+static void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest, int ini)
+{
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	CHECK_OK(sv_modify_init(qp, &cfg));
+	struct ibv_qp_attr a = {0};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = cfg.mtu;
+	a.dest_qp_num = dest;
+	a.rq_psn = cfg.psn;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = d->gid;
+	a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (!ini)
+		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK_OK(ibv_modify_qp(qp, &a, mask));
+	if (ini)
+		CHECK_OK(sv_modify_rts(qp, &cfg));
+}
+
+static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint32_t srqn,
+		    struct ibv_mr *mr, size_t off, uint32_t len, uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = {sv_addr(mr, off), len, mr->lkey};
+	struct ibv_send_wr wr = {0}, *bad;
+	wr.wr_id = id;
+	wr.opcode = op;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static void modify_state(struct ibv_qp *qp, enum ibv_qp_state s)
+{
+	struct ibv_qp_attr a = {.qp_state = s};
+	CHECK_OK(ibv_modify_qp(qp, &a, IBV_QP_STATE));
+}
+
+/* ---- B: the SRQ, a handle on A's TGT QP, the INI QP ---------------------------------- */
+
+static void peer_main(int sock)
+{
+	struct sv_dev d;
+	sv_open(&d);
+	struct ibv_cq *cq = sv_create_cq(&d, 64, NULL, NULL);
+	struct ibv_cq *rcq = sv_create_cq(&d, 64, NULL, NULL);
+	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
+	CHECK_EQ(sv_hear(sock), 1); /* A made the domain */
+	int fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, 0);
+	CHECKF(x != NULL, "B: open_xrcd: %s", strerror(errno));
+	close(fd);
+	struct ibv_srq_init_attr_ex sa = {0};
+	sa.attr.max_wr = 16;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+		       IBV_SRQ_INIT_ATTR_CQ;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.pd = d.pd;
+	sa.xrcd = x;
+	sa.cq = rcq;
+	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
+	CHECK(srq != NULL);
+	uint32_t srqn = 0;
+	CHECK_OK(ibv_get_srq_num(srq, &srqn));
+	struct ibv_qp_init_attr_ex ia = {0};
+	ia.qp_type = IBV_QPT_XRC_SEND;
+	ia.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ia.pd = d.pd;
+	ia.send_cq = cq;
+	ia.cap.max_send_wr = 16;
+	ia.cap.max_send_sge = 1;
+	struct ibv_qp *ini = ibv_create_qp_ex(d.ctx, &ia);
+	CHECK(ini != NULL);
+	uint32_t tgt_qpn, ours = ini->qp_num;
+	sv_exchange(sock, &ours, &tgt_qpn, sizeof(ours));
+	connect_xrc(ini, &d, tgt_qpn, 1);
+	struct ibv_qp_open_attr oa = {0};
+	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	oa.qp_num = tgt_qpn;
+	oa.xrcd = x;
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	struct ibv_qp *h = ibv_open_qp(d.ctx, &oa);
+	CHECKF(h != NULL, "B: ibv_open_qp: %s", strerror(errno));
+	sv_say(sock, 2);            /* A connects its TGT QP, then leaves */
+	CHECK_EQ(sv_hear(sock), 3); /* A's device is closed */
+
+	sv_step("B: SEND, WRITE and READ through the TGT QP of a creator that left");
+	struct ibv_wc wc;
+	CHECK_OK(sv_post_srq_recv(srq, 100, mr, 0, MSG));
+	memset(sv_ptr(mr, 4096), 's', MSG);
+	CHECK_OK(post_xrc(ini, 1, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
+	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, ini, &wc);
+	sv_poll_one(rcq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 100);
+	CHECK_EQ(wc.qp_num, tgt_qpn);
+	CHECK_EQ(wc.src_qp, ini->qp_num);
+	CHECKF(sv_ptr(mr, 0)[0] == 's' && sv_ptr(mr, 0)[MSG - 1] == 's', "B: SEND payload");
+	memset(sv_ptr(mr, 5000), 'w', 8);
+	CHECK_OK(post_xrc(ini, 2, IBV_WR_RDMA_WRITE, srqn, mr, 5000, 8, sv_addr(mr, 8192), mr->rkey));
+	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, ini, &wc);
+	CHECKF(memcmp(sv_ptr(mr, 8192), "wwwwwwww", 8) == 0, "B: WRITE did not land");
+	CHECK_OK(post_xrc(ini, 3, IBV_WR_RDMA_READ, srqn, mr, 12288, 8, sv_addr(mr, 8192), mr->rkey));
+	sv_expect_wc(cq, 3, IBV_WC_SUCCESS, ini, &wc);
+	CHECKF(memcmp(sv_ptr(mr, 12288), "wwwwwwww", 8) == 0, "B: READ");
+
+	sv_step("B: its handle queries and modifies the QP");
+	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+	modify_state(h, IBV_QPS_ERR);
+	CHECK_EQ(sv_query_state(h), IBV_QPS_ERR);
+	CHECK_OK(post_xrc(ini, 4, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
+	sv_poll_one(cq, &wc); /* the TGT QP in ERR answers nothing: retries run out */
+	CHECK_EQ(wc.wr_id, 4);
+	CHECKF(wc.status != IBV_WC_SUCCESS, "B: a SEND through a TGT QP in ERR succeeded");
+	modify_state(h, IBV_QPS_RESET);
+	modify_state(ini, IBV_QPS_RESET);
+	connect_xrc(h, &d, ini->qp_num, 0);
+	connect_xrc(ini, &d, tgt_qpn, 1);
+	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+	CHECK_OK(sv_post_srq_recv(srq, 101, mr, 0, MSG));
+	memset(sv_ptr(mr, 4096), 't', MSG);
+	CHECK_OK(post_xrc(ini, 5, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
+	sv_expect_wc(cq, 5, IBV_WC_SUCCESS, ini, &wc);
+	sv_poll_one(rcq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 101);
+	CHECK(sv_ptr(mr, 0)[0] == 't');
+
+	sv_step("B: its handle, the last, destroyed");
+	CHECK_OK(ibv_destroy_qp(h));
+	CHECK_OK(ibv_destroy_qp(ini));
+	CHECK_OK(ibv_destroy_srq(srq));
+	CHECK_OK(ibv_close_xrcd(x));
+	CHECK_OK(ibv_dereg_mr(mr));
+	CHECK_OK(ibv_destroy_cq(cq));
+	CHECK_OK(ibv_destroy_cq(rcq));
+	sv_close(&d);
+	sv_say(sock, 4);
+	_exit(0);
+}
+
+/* ---- A: the creator --------------------------------------------------------------------- */
+
+int main(void)
+{
+	sv_init("twoproc_xrc_creator_leaves");
+	if (sv_peer_on_other_host()) {
+		printf("SKIP: same host only (a handle in another process: ibv_open_qp)\n");
+		return 0;
+	}
+	int tmp = mkstemp(path);
+	CHECK(tmp >= 0);
+	close(tmp);
+	pid_t pid;
+	int sock = sv_fork_peer(peer_main, &pid);
+
+	struct sv_dev d;
+	sv_open(&d);
+	int fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, O_CREAT);
+	CHECK(x != NULL);
+	close(fd);
+	sv_say(sock, 1);
+	struct ibv_qp *tgt = tgt_qp(&d, x);
+	uint32_t ini_qpn, ours = tgt->qp_num;
+	sv_exchange(sock, &ours, &ini_qpn, sizeof(ours));
+	CHECK_EQ(sv_hear(sock), 2); /* B holds a handle */
+	connect_xrc(tgt, &d, ini_qpn, 0);
+
+	sv_step("A: the creator destroys its handle, closes its domain and device");
+	CHECK_OK(ibv_destroy_qp(tgt));
+	CHECK_OK(ibv_close_xrcd(x)); /* no handle of A's left on the domain */
+	sv_close(&d);
+	sv_say(sock, 3);
+	CHECK_EQ(sv_hear(sock), 4); /* B is done and destroyed the last handle */
+	sv_wait_peer(pid, "B");
+
+	sv_step("A: the process that hosted the QP is unharmed");
+	struct sv_dev d2;
+	sv_open(&d2);
+	struct ibv_xrcd *own = open_xrcd(d2.ctx, -1, O_CREAT);
+	CHECK(own != NULL);
+	struct ibv_qp *t2 = tgt_qp(&d2, own);
+	CHECK_EQ(sv_query_state(t2), IBV_QPS_RESET);
+	CHECK_OK(ibv_destroy_qp(t2));
+	CHECK_OK(ibv_close_xrcd(own));
+	sv_close(&d2);
+	unlink(path);
+	sv_pass();
+	return 0;
+}
