@@ -94,6 +94,25 @@ static void modify_state(struct ibv_qp *qp, enum ibv_qp_state s)
 	CHECK_OK(ibv_modify_qp(qp, &a, IBV_QP_STATE));
 }
 
+/* A SEND of MSG bytes of `fill` from B's INI QP through TGT QP tgt_qpn into B's XRC SRQ:
+ * both completions (the receive's wr_id is id + 100) and the payload. */
+static void send_through(struct ibv_qp *ini, struct ibv_cq *cq, struct ibv_cq *rcq,
+			 struct ibv_srq *srq, uint32_t srqn, struct ibv_mr *mr, uint64_t id, char fill,
+			 uint32_t tgt_qpn)
+{
+	struct ibv_wc wc;
+	CHECK_OK(sv_post_srq_recv(srq, id + 100, mr, 0, MSG));
+	memset(sv_ptr(mr, 4096), fill, MSG);
+	CHECK_OK(post_xrc(ini, id, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
+	sv_expect_wc(cq, id, IBV_WC_SUCCESS, ini, &wc);
+	sv_poll_one(rcq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, id + 100);
+	CHECK_EQ(wc.qp_num, tgt_qpn);
+	CHECK_EQ(wc.src_qp, ini->qp_num);
+	CHECKF(sv_ptr(mr, 0)[0] == fill && sv_ptr(mr, 0)[MSG - 1] == fill, "B: SEND payload");
+}
+
 /* ---- B: the SRQ, a handle on A's TGT QP, the INI QP ---------------------------------- */
 
 static void peer_main(int sock)
@@ -146,16 +165,7 @@ static void peer_main(int sock)
 
 	sv_step("B: SEND, WRITE and READ through the TGT QP of a creator that left");
 	struct ibv_wc wc;
-	CHECK_OK(sv_post_srq_recv(srq, 100, mr, 0, MSG));
-	memset(sv_ptr(mr, 4096), 's', MSG);
-	CHECK_OK(post_xrc(ini, 1, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
-	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, ini, &wc);
-	sv_poll_one(rcq, &wc);
-	CHECK_STATUS(wc, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, 100);
-	CHECK_EQ(wc.qp_num, tgt_qpn);
-	CHECK_EQ(wc.src_qp, ini->qp_num);
-	CHECKF(sv_ptr(mr, 0)[0] == 's' && sv_ptr(mr, 0)[MSG - 1] == 's', "B: SEND payload");
+	send_through(ini, cq, rcq, srq, srqn, mr, 1, 's', tgt_qpn);
 	memset(sv_ptr(mr, 5000), 'w', 8);
 	CHECK_OK(post_xrc(ini, 2, IBV_WR_RDMA_WRITE, srqn, mr, 5000, 8, sv_addr(mr, 8192), mr->rkey));
 	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, ini, &wc);
@@ -177,14 +187,7 @@ static void peer_main(int sock)
 	connect_xrc(h, &d, ini->qp_num, 0);
 	connect_xrc(ini, &d, tgt_qpn, 1);
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
-	CHECK_OK(sv_post_srq_recv(srq, 101, mr, 0, MSG));
-	memset(sv_ptr(mr, 4096), 't', MSG);
-	CHECK_OK(post_xrc(ini, 5, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
-	sv_expect_wc(cq, 5, IBV_WC_SUCCESS, ini, &wc);
-	sv_poll_one(rcq, &wc);
-	CHECK_STATUS(wc, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, 101);
-	CHECK(sv_ptr(mr, 0)[0] == 't');
+	send_through(ini, cq, rcq, srq, srqn, mr, 5, 't', tgt_qpn);
 
 	sv_step("B: its handle, the last, destroyed");
 	CHECK_OK(ibv_destroy_qp(h));
