@@ -107,6 +107,12 @@ bool MrTable::erase_unbound(Mr* mr) {
 }
 
 uint64_t MrTable::shared_offset() {
+  {
+    // Made once: every later call (each receive window opened) only reads it, and the
+    // exclusive lock costs a membarrier, an interrupt on every CPU we run on.
+    std::shared_lock lock(mu_);
+    if (shared_) return shared_offset_;
+  }
   std::unique_lock lock(mu_);
   if (!shared_) {
     wire::Arena* arena = wire::Arena::self();
