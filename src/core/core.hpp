@@ -26,6 +26,10 @@ void raise_port_event(ibv_event_type type);  // to every open context
 // Open contexts (core/events.cpp): open_context registers, close_context forgets.
 void register_context(Context* ctx);
 void unregister_context(Context* ctx);
+// A context closed while it still runs XRC TGT QPs (verbs/context.cpp): for_each_qp walks
+// its QPs until it is released, just before it is freed.
+void hold_closed_context(Context* ctx);
+void release_closed_context(Context* ctx);
 // Calls fn for every open context (under the list's lock; fn must not open or close one).
 void for_each_context(const std::function<void(Context*)>& fn);
 // Calls fn for every QP of every open context (under their locks; fn must not create or

@@ -12,7 +12,20 @@ namespace {
 // contexts while static destructors run at exit.
 std::mutex& g_contexts_mu = *new std::mutex;
 std::set<Context*>& g_contexts = *new std::set<Context*>;
+// Contexts closed by the application but still running XRC TGT QPs for other processes'
+// handles (verbs/xrc.cpp): their QPs are walked too, nothing else of them is.
+std::set<Context*>& g_closed_hosting = *new std::set<Context*>;
 }  // namespace
+
+void hold_closed_context(Context* ctx) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  g_closed_hosting.insert(ctx);
+}
+
+void release_closed_context(Context* ctx) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  g_closed_hosting.erase(ctx);
+}
 
 void register_context(Context* ctx) {
   std::lock_guard<std::mutex> lock(g_contexts_mu);
@@ -77,10 +90,11 @@ void raise_port_event(ibv_event_type type) {
 
 void for_each_qp(const std::function<void(Qp*)>& fn) {
   std::lock_guard<std::mutex> lock(g_contexts_mu);
-  for (Context* ctx : g_contexts) {
-    std::lock_guard<std::mutex> objects(ctx->objects_mu);
-    for (Qp* qp : ctx->qps) fn(qp);
-  }
+  for (const std::set<Context*>* contexts : {&g_contexts, &g_closed_hosting})
+    for (Context* ctx : *contexts) {
+      std::lock_guard<std::mutex> objects(ctx->objects_mu);
+      for (Qp* qp : ctx->qps) fn(qp);
+    }
 }
 
 void for_each_cq(const std::function<void(Cq*)>& fn) {

@@ -132,6 +132,9 @@ void push_send_completion(Qp* qp, const SendWqe& w, ibv_wc_status status, uint32
 void push_recv_completion(Qp* qp, uint64_t wr_id, ibv_wc_status status);
 
 // Peer processes: connected QPs fail when the process at the other end dies.
+// Watches process `pid` (pidfd); once it died, the progress thread calls on_death(pid).
+// One hook for the process: the last one given (XRC's, verbs/xrc.cpp).
+void watch_pid(pid_t pid, void (*on_death)(pid_t));
 void watch_peer_of(Qp* qp);  // after a connected QP entered RTR
 void peer_died(pid_t pid);
 // ERR and IBV_EVENT_QP_FATAL if `qp` is connected and still on `connection` (Qp::connection).

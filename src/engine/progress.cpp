@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -22,6 +23,9 @@
 namespace softverbs::engine {
 
 namespace {
+
+// Called with each watched process's pid once it died, after peer_died (watch_pid's).
+std::atomic<void (*)(pid_t)> g_death_hook{nullptr};
 
 class Progress {
  public:
@@ -98,6 +102,7 @@ class Progress {
         dead_pids_.pop_front();
         lock.unlock();
         peer_died(pid);
+        if (void (*hook)(pid_t) = g_death_hook.load(std::memory_order_acquire)) hook(pid);
         lock.lock();
         continue;
       }
@@ -184,6 +189,11 @@ Progress& progress() {
 
 void schedule_kick(uint32_t qpn, Clock::time_point when) { progress().kick_at(qpn, when); }
 void schedule_flush(uint32_t qpn) { progress().flush(qpn); }
+
+void watch_pid(pid_t pid, void (*on_death)(pid_t)) {
+  g_death_hook.store(on_death, std::memory_order_release);
+  progress().watch(pid);
+}
 
 void watch_peer_of(Qp* qp) {
   if (qp->type == IBV_QPT_UD) return;

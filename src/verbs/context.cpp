@@ -161,6 +161,9 @@ int close_context(Context* ctx) {
   // kernel's outlives the creator's file): the context stays, unseen, until the last such
   // QP goes (verbs/xrc.cpp, tgt_qp_destroyed). Marked last: from then on that destroy may
   // free it.
+  // Held among the contexts whose QPs for_each_qp walks (device fatal, dead peers) first:
+  // once `closed` is set, the last such QP's destroy may free it at any moment.
+  hold_closed_context(ctx);
   bool hosting;
   {
     std::lock_guard<std::mutex> lock(ctx->objects_mu);
@@ -172,6 +175,7 @@ int close_context(Context* ctx) {
 }
 
 void free_closed_context(Context* ctx) {
+  release_closed_context(ctx);
   free_tgt_resources(ctx);  // XRC TGT QPs' hidden PD and CQ (verbs/xrc.cpp); uses the mutex
   pthread_mutex_destroy(&ctx->ibv()->mutex);
   delete ctx;

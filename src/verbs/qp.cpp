@@ -575,18 +575,17 @@ int destroy_qp(Qp* qp) {
   if (qp->type == IBV_QPT_XRC_RECV) {
     // A TGT QP lives until its last handle goes (ibv_open_qp(3)).
     Qp* tgt = qp->xrc_opened_from ? qp->xrc_opened_from : qp;
+    // (The creator's handle going while others stay waits there for its events handed
+    // out to be acked, while its count still keeps the QP.)
     bool last = release_tgt_handle(qp);
     if (qp != tgt) free_opened_handle(qp);
-    if (!last) {
-      // The creator's handle goes, the QP stays: its events handed out are acked first,
-      // as for any destroyed QP (none are posted to it any more).
-      if (qp == tgt)
-        wait_acked(&qp->qp()->mutex, &qp->qp()->cond, &qp->qp()->events_completed,
-                   &qp->events_reported);
-      return 0;
-    }
+    if (!last) return 0;
     qp = tgt;
   }
+  return destroy_qp_now(qp);
+}
+
+int destroy_qp_now(Qp* qp) {
   {
     // A destroyed QP leaves its groups, as the kernel detaches it.
     std::lock_guard<std::mutex> lock(qp->attr_mu);

@@ -198,6 +198,8 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask);
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int destroy_qp(Qp* qp);
+// The destroy itself, once nothing holds the QP (a TGT QP's last handle gone).
+int destroy_qp_now(Qp* qp);
 // Makes a fresh UD QP this process's QP1 agent (IBV_QP_CREATE_SOURCE_QPN with source 1):
 // false when the process has one already.
 bool claim_gsi(Qp* qp);

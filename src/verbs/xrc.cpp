@@ -21,9 +21,11 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/state_dir.hpp"
 #include "core/device.hpp"
+#include "engine/engine.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/registry.hpp"
 #include "wire/shm/agent.hpp"
@@ -362,6 +364,8 @@ wire::QpRef tgt_for(uint32_t qpn, pid_t pid, bool opening) {
   return {};
 }
 
+void openers_died(pid_t pid);
+
 int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
   wire::QpRef ref = tgt_for(qpn, pid, true);
   Qp* t = ref.get();
@@ -369,10 +373,13 @@ int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
   const XrcDomain* d = t->xrc_domain.get();
   // Only a domain shared through a file: (dev, ino) names it on this host.
   if (!d->shared || d->dev != static_cast<dev_t>(dev) || d->ino != static_cast<ino_t>(ino)) return EINVAL;
-  std::lock_guard<std::mutex> lock(t->xrc_mu);
-  if (t->xrc_handles <= 0) return ENOENT;  // going away
-  t->xrc_remote_openers.push_back({pid, slot});
-  ++t->xrc_handles;
+  {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    if (t->xrc_handles <= 0) return ENOENT;  // going away
+    t->xrc_remote_openers.push_back({pid, slot});
+    ++t->xrc_handles;
+  }
+  engine::watch_pid(pid, openers_died);  // its handles go with it (openers_died)
   return 0;
 }
 
@@ -401,17 +408,43 @@ int remote_close(uint32_t qpn, pid_t pid) {
       }
     last = --t->xrc_handles == 0;
   }
-  ref.reset();  // destroy_qp waits for every pinned reference
-  if (last) {
-    // The creator's handle went before: the QP goes with its last handle.
-    Qp* q = t;
-    {
-      std::lock_guard<std::mutex> lock(q->xrc_mu);
-      q->xrc_handles = 1;  // the destroy below releases this one
-    }
-    destroy_qp(q);
-  }
+  ref.reset();  // the destroy waits for every pinned reference
+  // The creator's handle went before: the QP goes with its last handle. (No open can take
+  // a handle now: they refuse a count of 0.)
+  if (last) destroy_qp_now(t);
   return 0;
+}
+
+// At the progress thread: process `pid`, which held handles on our TGT QPs, died without
+// destroying them (the kernel closes a dead process's handles). Its handles go; a QP whose
+// last handle that was goes too.
+void openers_died(pid_t pid) {
+  std::vector<uint32_t> qpns;
+  for_each_qp([&](Qp* t) {
+    if (t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from || t->xrc_remote_slot) return;
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    for (const auto& o : t->xrc_remote_openers)
+      if (o.first == pid) {
+        qpns.push_back(t->qpn());
+        return;
+      }
+  });
+  for (uint32_t qpn : qpns) {
+    wire::QpRef ref = wire::find_local(qpn);
+    Qp* t = ref.get();
+    if (!t || t->type != IBV_QPT_XRC_RECV) continue;
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(t->xrc_mu);
+      auto& v = t->xrc_remote_openers;
+      const auto gone = std::erase_if(v, [pid](const std::pair<pid_t, int>& o) { return o.first == pid; });
+      if (gone == 0 || t->xrc_handles <= 0) continue;
+      t->xrc_handles -= static_cast<int>(gone);
+      last = t->xrc_handles == 0;
+    }
+    ref.reset();
+    if (last) destroy_qp_now(t);
+  }
 }
 
 // At an opener: an event of a TGT QP in `slot`'s process, for each of our handles on it.
@@ -556,10 +589,15 @@ ibv_qp* open_xrc_qp(Context* ctx, ibv_qp_open_attr* attr) {
   h->qp()->state = static_cast<ibv_qp_state>(tgt->state.load());
   {
     std::lock_guard<std::mutex> lock(tgt->xrc_mu);
-    tgt->xrc_openers.push_back(h);
-    ++tgt->xrc_handles;
+    if (tgt->xrc_handles > 0) {
+      tgt->xrc_openers.push_back(h);
+      ++tgt->xrc_handles;
+      return h->qp();
+    }
   }
-  return h->qp();
+  free_opened_handle(h);  // its last handle went meanwhile: the QP is going away
+  errno = ENOENT;
+  return nullptr;
 }
 
 // Destroying one handle of a TGT QP: true when the QP itself must go now (its last).
@@ -576,17 +614,21 @@ bool release_tgt_handle(Qp* handle) {
       ++it;
     }
   }
-  if (handle == tgt && tgt->xrc_handles > 1) {
+  if (handle == tgt && !tgt->xrc_creator_gone && tgt->xrc_handles > 1) {
     tgt->xrc_creator_gone = true;
     lock.unlock();
-    // Its events not yet handed out vanish, as for any destroyed QP.
+    // Its events not yet handed out vanish, as for any destroyed QP, and those handed out
+    // are acked first; our count still keeps the QP while we wait.
     drop_async_events_of(tgt->ctx, EventElement::Qp, tgt->qp());
+    ibv_qp* q = tgt->qp();
+    wait_acked(&q->mutex, &q->cond, &q->events_completed, &tgt->events_reported);
     // The creator holds no handle now: its Xrcd may close (ibv_close_xrcd is EBUSY only
-    // while the process holds handles), the domain stays while the QP lives, and so does
-    // the context it runs in, past ibv_close_device (tgt_qp_destroyed).
+    // while the process holds handles), the domain stays while the QP lives (held before
+    // the Xrcd lets go, so that it is never unlisted between), and so does the context
+    // it runs in, past ibv_close_device (tgt_qp_destroyed).
+    hold_xrcd_domain(tgt->xrc_domain);
     if (tgt->xrcd) tgt->xrcd->users--;
     tgt->xrcd = nullptr;
-    hold_xrcd_domain(tgt->xrc_domain);
     {
       std::lock_guard<std::mutex> objects(tgt->ctx->objects_mu);
       ++tgt->ctx->hosted_tgt_qps;

@@ -10,8 +10,13 @@
  *  2. B sends through the TGT QP into its SRQ: SEND, WRITE, READ complete; its handle still
  *     queries and modifies the QP (to ERR: its INI QP's next SEND fails, RESET, and back to
  *     RTR through the handle, with the INI QP reconnected: a SEND completes again).
- *  3. B destroys its handle: the QP goes; A's process, still alive, is unharmed (it opens
- *     the device again and makes a TGT QP of a new domain).
+ *  3. B destroys its handle: the QP goes, and with it what A kept for it: A's closed
+ *     context (its async_fd is closed) and A's hold on the domain (opening it without
+ *     O_CREAT fails: EAGAIN). A's process, still alive, is unharmed (it opens the device
+ *     again and makes a TGT QP of a new domain).
+ * With SV_TEST_OPENER_DIES=1 (conformance.twoproc_xrc_creator_leaves.opener_dies) B exits
+ * in step 3 without destroying anything: A's progress thread learns of its death (pidfd)
+ * and the same things go, as the kernel closes a dead process's handles.
  * The library before this test refused A's ibv_close_xrcd (EBUSY: the QP still counted
  * on A's domain handle), and closing A's device freed the context the QP still ran in.
  */
@@ -189,6 +194,11 @@ static void peer_main(int sock)
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 	send_through(ini, cq, rcq, srq, srqn, mr, 5, 't', tgt_qpn);
 
+	if (getenv("SV_TEST_OPENER_DIES")) {
+		sv_step("B: dies holding its handle");
+		sv_say(sock, 4);
+		_exit(0);
+	}
 	sv_step("B: its handle, the last, destroyed");
 	CHECK_OK(ibv_destroy_qp(h));
 	CHECK_OK(ibv_destroy_qp(ini));
@@ -234,10 +244,27 @@ int main(void)
 	sv_step("A: the creator destroys its handle, closes its domain and device");
 	CHECK_OK(ibv_destroy_qp(tgt));
 	CHECK_OK(ibv_close_xrcd(x)); /* no handle of A's left on the domain */
+	int async_fd = d.ctx->async_fd;
 	sv_close(&d);
+	CHECK(fcntl(async_fd, F_GETFD) >= 0); /* the context stays while the QP runs in it */
 	sv_say(sock, 3);
-	CHECK_EQ(sv_hear(sock), 4); /* B is done and destroyed the last handle */
+	CHECK_EQ(sv_hear(sock), 4); /* B is done: destroyed the last handle, or dies with it */
 	sv_wait_peer(pid, "B");
+
+	sv_step("A: the QP's last handle gone, the closed context and the domain go");
+	/* No fd is opened before this check, so the number is not reused. A dead B is seen
+	 * by A's progress thread through a pidfd: wait for it. */
+	for (int i = 0; i < 500 && fcntl(async_fd, F_GETFD) >= 0; i++)
+		usleep(10000);
+	CHECKF(fcntl(async_fd, F_GETFD) == -1 && errno == EBADF, "A: its closed context outlived the QP (async_fd open)");
+	fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct sv_dev d3;
+	sv_open(&d3);
+	CHECK(open_xrcd(d3.ctx, fd, 0) == NULL); /* nobody holds the domain: gone */
+	CHECK_EQ(errno, EAGAIN);
+	close(fd);
+	sv_close(&d3);
 
 	sv_step("A: the process that hosted the QP is unharmed");
 	struct sv_dev d2;
