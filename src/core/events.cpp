@@ -15,27 +15,18 @@ std::set<Context*>& g_contexts = *new std::set<Context*>;
 // Contexts closed by the application but still running XRC TGT QPs for other processes'
 // handles (verbs/xrc.cpp): their QPs are walked too, nothing else of them is.
 std::set<Context*>& g_closed_hosting = *new std::set<Context*>;
+
+void set_member(std::set<Context*>& set, Context* ctx, bool in) {
+  std::lock_guard<std::mutex> lock(g_contexts_mu);
+  if (in) set.insert(ctx);
+  else set.erase(ctx);
+}
 }  // namespace
 
-void hold_closed_context(Context* ctx) {
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  g_closed_hosting.insert(ctx);
-}
-
-void release_closed_context(Context* ctx) {
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  g_closed_hosting.erase(ctx);
-}
-
-void register_context(Context* ctx) {
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  g_contexts.insert(ctx);
-}
-
-void unregister_context(Context* ctx) {
-  std::lock_guard<std::mutex> lock(g_contexts_mu);
-  g_contexts.erase(ctx);
-}
+void register_context(Context* ctx) { set_member(g_contexts, ctx, true); }
+void unregister_context(Context* ctx) { set_member(g_contexts, ctx, false); }
+void hold_closed_context(Context* ctx) { set_member(g_closed_hosting, ctx, true); }
+void release_closed_context(Context* ctx) { set_member(g_closed_hosting, ctx, false); }
 
 void for_each_context(const std::function<void(Context*)>& fn) {
   std::lock_guard<std::mutex> lock(g_contexts_mu);
