@@ -158,11 +158,10 @@ int close_context(Context* ctx) {
   stat::withdraw(ctx);
   ctx->magic = kDead;
   // A TGT QP whose creator handle went runs here while other processes hold it (the
-  // kernel's outlives the creator's file): the context stays, unseen, until the last such
-  // QP goes (verbs/xrc.cpp, tgt_qp_destroyed). Marked last: from then on that destroy may
-  // free it.
-  // Held among the contexts whose QPs for_each_qp walks (device fatal, dead peers) first:
-  // once `closed` is set, the last such QP's destroy may free it at any moment.
+  // kernel's outlives the creator's file): the context stays, unseen but for its QPs
+  // (for_each_qp: device fatal, dead peers), until the last such QP goes (verbs/xrc.cpp,
+  // tgt_qp_destroyed). It joins that list before `closed` is set, last: from then on that
+  // destroy may free it at any moment.
   hold_closed_context(ctx);
   bool hosting;
   {
