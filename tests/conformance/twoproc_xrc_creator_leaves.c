@@ -21,6 +21,7 @@
  * on A's domain handle), and closing A's device freed the context the QP still ran in.
  */
 #include "common.h"
+#include "xrc_helpers.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -30,68 +31,6 @@
 #define MSG 64
 
 static char path[] = "/tmp/softverbs-xrc-leave-XXXXXX";
-
-static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
-{
-	struct ibv_xrcd_init_attr a = {0};
-	a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-	a.fd = fd;
-	a.oflags = oflags;
-	return ibv_open_xrcd(ctx, &a);
-}
-
-static struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
-{
-	struct ibv_qp_init_attr_ex a = {0};
-	a.qp_type = IBV_QPT_XRC_RECV;
-	a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-	a.xrcd = x;
-	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
-	CHECK(qp != NULL);
-	return qp;
-}
-
-/* INIT, RTR to dest (and RTS for an INI QP). */
-static void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest, int ini)
-{
-	struct sv_pair_cfg cfg;
-	sv_pair_cfg_init(&cfg);
-	CHECK_OK(sv_modify_init(qp, &cfg));
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = cfg.mtu;
-	a.dest_qp_num = dest;
-	a.rq_psn = cfg.psn;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = d->gid;
-	a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-	if (!ini)
-		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-	CHECK_OK(ibv_modify_qp(qp, &a, mask));
-	if (ini)
-		CHECK_OK(sv_modify_rts(qp, &cfg));
-}
-
-static int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint32_t srqn,
-		    struct ibv_mr *mr, size_t off, uint32_t len, uint64_t raddr, uint32_t rkey)
-{
-	struct ibv_sge sge = {sv_addr(mr, off), len, mr->lkey};
-	struct ibv_send_wr wr = {0}, *bad;
-	wr.wr_id = id;
-	wr.opcode = op;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.qp_type.xrc.remote_srqn = srqn;
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
-	return ibv_post_send(qp, &wr, &bad);
-}
 
 static void modify_state(struct ibv_qp *qp, enum ibv_qp_state s)
 {

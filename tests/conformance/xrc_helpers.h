@@ -1,0 +1,77 @@
+/* XRC helpers shared by the XRC conformance tests (twoproc_xrc, twoproc_xrc_creator_leaves):
+ * a domain on a file, a TGT QP, connecting an INI or TGT QP, a WR at an XRC SRQ. */
+#ifndef SV_XRC_HELPERS_H
+#define SV_XRC_HELPERS_H
+
+#include "common.h"
+
+static inline struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
+{
+	struct ibv_xrcd_init_attr a = {0};
+	a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	a.fd = fd;
+	a.oflags = oflags;
+	return ibv_open_xrcd(ctx, &a);
+}
+
+static inline struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
+{
+	struct ibv_qp_init_attr_ex a = {0};
+	a.qp_type = IBV_QPT_XRC_RECV;
+	a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	a.xrcd = x;
+	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	CHECK(qp != NULL);
+	return qp;
+}
+
+/* INIT, then RTR to dest (and RTS for an INI QP), with the masks the kernel's table wants
+ * for XRC: an INI QP takes no receive attributes (max_dest_rd_atomic: EINVAL). */
+static inline void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest, int ini)
+{
+	struct sv_pair_cfg cfg;
+	sv_pair_cfg_init(&cfg);
+	CHECK_OK(sv_modify_init(qp, &cfg));
+	struct ibv_qp_attr a = {0};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = cfg.mtu;
+	a.dest_qp_num = dest;
+	a.rq_psn = cfg.psn;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 1;
+	a.ah_attr.is_global = 1;
+	const union ibv_gid *peer = sv_peer_gid(qp);
+	a.ah_attr.grh.dgid = peer ? *peer : d->gid;
+	a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (ini)
+		CHECK_ERR(ibv_modify_qp(qp, &a, mask | IBV_QP_MAX_DEST_RD_ATOMIC), EINVAL);
+	else
+		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK_OK(ibv_modify_qp(qp, &a, mask));
+	if (ini)
+		CHECK_OK(sv_modify_rts(qp, &cfg));
+}
+
+/* A WR at XRC SRQ `srqn`; `rkey`: the remote key, or SEND_WITH_INV's key to invalidate. */
+static inline int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, uint32_t srqn,
+		    struct ibv_mr *mr, size_t off, uint32_t len, uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = {sv_addr(mr, off), len, mr->lkey};
+	struct ibv_send_wr wr = {0}, *bad;
+	wr.wr_id = id;
+	wr.opcode = op;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.qp_type.xrc.remote_srqn = srqn;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	if (op == IBV_WR_SEND_WITH_INV)
+		wr.invalidate_rkey = rkey; /* the window's key to invalidate */
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+#endif
