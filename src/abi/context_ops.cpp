@@ -238,6 +238,17 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
   return qp;
 }
 
+ibv_flow* op_create_flow(ibv_qp* qp, ibv_flow_attr* attr) {
+  Qp* q = Qp::from(qp);
+  if (!q) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return create_flow(q, attr);
+}
+
+int op_destroy_flow(ibv_flow* flow) { return destroy_flow(flow); }
+
 // ---- XRC (verbs/xrc.cpp) ----------------------------------------------------------------
 ibv_xrcd* op_open_xrcd(ibv_context* context, ibv_xrcd_init_attr* attr) {
   Context* ctx = Context::from(context);
@@ -397,8 +408,8 @@ void fill_context_ops(Context* ctx) {
   v.create_cq_ex = &op_create_cq_ex;        // ex-cq
   v.priv = nullptr;
   v.query_device_ex = &op_query_device_ex;
-  unsupported(v.ibv_destroy_flow);
-  unsupported(v.ibv_create_flow);
+  v.ibv_destroy_flow = &op_destroy_flow;  // raw packet QPs' steering (verbs/flow.cpp)
+  v.ibv_create_flow = &op_create_flow;
   // Binaries built against libibverbs 1.1.8 call the flow verbs through these two slots.
   v.ABI_placeholder1 = reinterpret_cast<void (*)()>(v.ibv_create_flow);
   v.ABI_placeholder2 = reinterpret_cast<void (*)()>(v.ibv_destroy_flow);

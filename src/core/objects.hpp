@@ -664,6 +664,9 @@ struct Qp {
   std::atomic<engine::RoceLink*> roce{nullptr};
   // `softverbs inject` faults and `softverbs trace` sequence numbers (core/debug_hooks.hpp).
   QpDebug debug;
+  // A raw packet QP: its steering rules (engine/raw_packet.cpp; under that file's lock). A
+  // QP with rules cannot be destroyed (EBUSY), as the kernel counts them as its users.
+  int raw_flows = 0;
 
   ibv_qp* qp() { return &ibv.qp_base; }
   uint32_t qpn() const { return ibv.qp_base.qp_num; }

@@ -13,6 +13,7 @@
 
 #include <optional>
 
+#include "core/flow_rule.hpp"
 #include "core/objects.hpp"
 #include "core/core.hpp"
 #include "wire/transport.hpp"
@@ -111,6 +112,20 @@ Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& tgt, int* t
 // applies it.
 Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, wire::XrcTarget x,
                               int* tgt_error);
+
+// Raw packet QPs (raw_packet.cpp): Ethernet frames on the port's interface (wire/ether).
+// A raw QP holds the sender from its creation (0 or an errno: EPERM without CAP_NET_RAW).
+int raw_qp_created(Qp* qp);
+void raw_qp_destroyed(Qp* qp);
+// Sends the frame gathered from local[0..nlocal): the WQE's outcome.
+Outcome send_raw(Qp* qp, const iovec* local, int nlocal, uint64_t len);
+// Steers the frames that match `rule` to qp's receives (ibv_create_flow): 0 or an errno;
+// *handle names the rule for detach_flow.
+int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle);
+void detach_flow(uint64_t handle);
+bool raw_qp_has_flows(Qp* qp);
+// Responder: one frame into raw QP t's next receive (none posted: the frame is lost).
+void deliver_frame(Qp* t, const uint8_t* frame, size_t len);
 
 // The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
 // last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.

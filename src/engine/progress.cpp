@@ -196,7 +196,7 @@ void watch_pid(pid_t pid, void (*on_death)(pid_t)) {
 }
 
 void watch_peer_of(Qp* qp) {
-  if (qp->type == IBV_QPT_UD) return;
+  if (qp->type == IBV_QPT_UD || qp->type == IBV_QPT_RAW_PACKET) return;  // no peer QP
   static std::atomic<uint64_t> connections{0};
   int slot;
   {

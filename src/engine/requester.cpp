@@ -56,6 +56,8 @@ Outcome execute(Qp* qp, const SendWqe& w) {
   }
   if (w.total_length > kMaxMsgSize)
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
+  // A raw packet QP's WQE is one Ethernet frame for the port's interface.
+  if (qp->type == IBV_QPT_RAW_PACKET) return send_raw(qp, local, nlocal, w.total_length);
 
   // A connected peer on this host: through its receive window, or straight into its memory.
   // (XRC always asks the target's agent: the XRC SRQ is named per message.)

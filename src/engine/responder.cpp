@@ -159,7 +159,7 @@ Outcome receive_fault(const Target& tg, ibv_wc* wc, Fault f) {
   const FaultRule rule = fault_rule(f);
   wc->status = rule.responder_status;
   cq_push(tg.recv_cq, *wc, false);
-  if (tg.type == IBV_QPT_UD) return {Outcome::Ack};
+  if (tg.type == IBV_QPT_UD || tg.type == IBV_QPT_RAW_PACKET) return {Outcome::Ack};
   if (rule.responder_to_error) tg.to_error(rule.responder_event);
   if (!reliable(tg)) return {Outcome::Ack};
   return {Outcome::Error, rule.requester_status};
@@ -540,6 +540,21 @@ Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& x, int* tgt
   }
   const TargetAttrs ta{req.src_qpn, x.access, x.min_rnr_timer, x.max_dest_rd_atomic, 0};
   return run_request(req, Target(srq, x.tgt_qpn, tgt_error), ta);
+}
+
+void deliver_frame(Qp* t, const uint8_t* frame, size_t len) {
+  // A raw QP receives from RTR on; a frame for one in RESET, INIT or ERR is lost.
+  int st = t->state.load();
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
+  iovec v{const_cast<uint8_t*>(frame), len};
+  wire::Request req;
+  req.type = IBV_QPT_RAW_PACKET;
+  req.opcode = IBV_WR_SEND;
+  req.length = len;
+  req.local = &v;
+  req.nlocal = 1;
+  req.pid = wire::self_pid();  // the frame is in this process: copied, not fetched
+  deliver_receive(req, Target(t), true, 0);
 }
 
 }  // namespace softverbs::engine

@@ -1203,6 +1203,7 @@ bool writes_local(ibv_wr_opcode op) {
 }  // namespace
 
 void roce_modify(Qp* qp, const ibv_qp_attr& attr, int mask) {
+  if (qp->type == IBV_QPT_RAW_PACKET) return;  // Ethernet frames, not IBA packets
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   bool to_rtr = (mask & IBV_QP_STATE) && attr.qp_state == IBV_QPS_RTR;
   if (!link) {

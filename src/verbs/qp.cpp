@@ -121,6 +121,7 @@ void reset_queues(Qp* qp) {
 
 bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
   if (type == IBV_QPT_XRC_RECV) return false;  // a TGT QP has no send queue
+  if (type == IBV_QPT_RAW_PACKET) return op == IBV_WR_SEND;  // a frame, nothing more
   // An XRC INI QP has RC's operations, windows and invalidation included: ibv_post_send(3)'s
   // table, and mlx5's _mlx5_post_send (the XRC case falls through to RC's); XRC has the
   // IETH opcodes (0xB6, 0xB7).
@@ -342,7 +343,8 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   Cq* rcq = Cq::from(init->recv_cq);
   Srq* srq = init->srq ? Srq::from(init->srq) : nullptr;
   if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD &&
-      init->qp_type != IBV_QPT_XRC_SEND && init->qp_type != IBV_QPT_XRC_RECV) {
+      init->qp_type != IBV_QPT_XRC_SEND && init->qp_type != IBV_QPT_XRC_RECV &&
+      init->qp_type != IBV_QPT_RAW_PACKET) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -365,8 +367,18 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
     errno = EINVAL;
     return nullptr;
   }
+  // A raw packet QP sends on the port's interface: the kernel's CAP_NET_RAW check for one
+  // is ours opening its packet socket (EPERM without it).
+  const bool raw = init->qp_type == IBV_QPT_RAW_PACKET;
+  if (raw) {
+    if (int err = engine::raw_qp_created(nullptr)) {
+      errno = err;
+      return nullptr;
+    }
+  }
   // Counted (device_limits().max_qp), with a number of this process's (as many).
   if (!count_object(Counted::Qp)) {
+    if (raw) engine::raw_qp_destroyed(nullptr);
     errno = ENOMEM;
     return nullptr;
   }
@@ -375,6 +387,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   if (!qpn) {
     delete qp;
     uncount_object(Counted::Qp);
+    if (raw) engine::raw_qp_destroyed(nullptr);
     errno = ENOMEM;
     return nullptr;
   }
@@ -393,6 +406,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   if (!srq && !queue_memory_for(pd, &qp->rq, kResourceQp, cap.max_recv_wr)) {
     delete qp;
     uncount_object(Counted::Qp);
+    if (raw) engine::raw_qp_destroyed(nullptr);
     return nullptr;
   }
   qp->ctx = ctx;
@@ -582,6 +596,8 @@ int destroy_qp(Qp* qp) {
     if (!last) return 0;
     qp = tgt;
   }
+  // A raw QP's steering rules use it (ibv_destroy_flow them first), as in the kernel.
+  if (qp->type == IBV_QPT_RAW_PACKET && engine::raw_qp_has_flows(qp)) return EBUSY;
   return destroy_qp_now(qp);
 }
 
@@ -621,6 +637,7 @@ int destroy_qp_now(Qp* qp) {
   stat::withdraw(qp);
   qp->magic = kDead;
   Context* ctx = qp->ctx;
+  if (qp->type == IBV_QPT_RAW_PACKET) engine::raw_qp_destroyed(qp);
   const bool hosted = qp->xrc_creator_gone;
   std::shared_ptr<XrcDomain> domain = std::move(qp->xrc_domain);
   delete qp;

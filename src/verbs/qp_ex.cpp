@@ -328,6 +328,8 @@ bool device_has(unsigned flag) {
 }  // namespace
 
 int check_send_ops_flags(ibv_qp_type type, uint64_t flags) {
+  // A raw packet QP sends frames: plain SEND (mlx5 adds TSO, which softverbs has not).
+  if (type == IBV_QPT_RAW_PACKET) return (flags & ~uint64_t(IBV_QP_EX_WITH_SEND)) ? EOPNOTSUPP : 0;
   uint64_t ok = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
   // An XRC INI QP: RC's set without IBA 1.5's ATOMIC WRITE and FLUSH. mlx5's
   // MLX5_SUPPORTED_SEND_OPS_FLAGS_XRC is its RC set (windows and invalidation included, no

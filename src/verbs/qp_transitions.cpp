@@ -11,8 +11,9 @@ namespace {
 
 struct Rule {
   bool valid = false;
-  int req[5] = {0, 0, 0, 0, 0};  // per type: RC, UC, UD, XRC INI (XRC_SEND), XRC TGT (XRC_RECV)
-  int opt[5] = {0, 0, 0, 0, 0};
+  // per type: RC, UC, UD, XRC INI (XRC_SEND), XRC TGT (XRC_RECV), raw packet
+  int req[6] = {0, 0, 0, 0, 0, 0};
+  int opt[6] = {0, 0, 0, 0, 0, 0};
 };
 
 int type_index(ibv_qp_type t) {
@@ -21,6 +22,7 @@ int type_index(ibv_qp_type t) {
     case IBV_QPT_UC: return 1;
     case IBV_QPT_XRC_SEND: return 3;
     case IBV_QPT_XRC_RECV: return 4;
+    case IBV_QPT_RAW_PACKET: return 5;
     default: return 2;
   }
 }
@@ -41,10 +43,12 @@ struct Table {
       r[s][IBV_QPS_ERR].valid = true;
     }
     // XRC columns as the kernel's qp_state_table has them.
+    // A raw packet QP names its port and nothing else (the kernel's table: IB_QP_PORT
+    // into INIT, no attributes at all after that).
     set(IBV_QPS_RESET, IBV_QPS_INIT,
         {PKEY | PORT | ACCESS, PKEY | PORT | ACCESS, PKEY | PORT | QKEY, PKEY | PORT | ACCESS,
-         PKEY | PORT | ACCESS},
-        {0, 0, 0, 0, 0});
+         PKEY | PORT | ACCESS, PORT},
+        {0, 0, 0, 0, 0, 0});
     set(IBV_QPS_INIT, IBV_QPS_INIT, {0, 0, 0, 0, 0},
         {PKEY | PORT | ACCESS, PKEY | PORT | ACCESS, PKEY | PORT | QKEY, PKEY | PORT | ACCESS,
          PKEY | PORT | ACCESS});

@@ -207,6 +207,9 @@ bool claim_gsi(Qp* qp);
 int attach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int detach_mcast(Qp* qp, const ibv_gid* gid, uint16_t lid);
 int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+// ibv_create_flow / ibv_destroy_flow on a raw packet QP (flow.cpp): errno / 0 or errno.
+ibv_flow* create_flow(Qp* qp, ibv_flow_attr* attr);
+int destroy_flow(ibv_flow* flow);
 // The extended QP API (ibv_wr_post(3), qp_ex.cpp): which send_ops_flags this device can
 // give a QP of `type` (EOPNOTSUPP for the rest), and the wr_* table of a QP created with them.
 int check_send_ops_flags(ibv_qp_type type, uint64_t flags);

@@ -1,0 +1,142 @@
+// Raw packet QPs (IBV_QPT_RAW_PACKET): Ethernet frames on the port's interface
+// (wire/ether), steered to receive queues by the rules of ibv_create_flow(3), as a NIC's
+// flow table does. docs/raw-packet.md.
+//
+// Steering, per frame (one table for the process; other processes steer their own copy):
+//  - SNIFFER rules get every frame, in or out;
+//  - NORMAL rules by priority (lower value first): the first that matches traps the frame
+//    for its QP and every other rule of that same priority that matches (each QP gets a
+//    frame once); a DONT_TRAP rule takes a copy and lets the frame go on; a DROP rule traps
+//    it for nobody;
+//  - a frame no rule trapped goes to the ALL_DEFAULT rules, and to the MC_DEFAULT ones
+//    when it is addressed to a group.
+// A frame this host sends comes back to the table when it is addressed to the interface's
+// MAC or to a group (the NIC's loopback); otherwise only sniffers see it.
+#include <pthread.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/flow_rule.hpp"
+#include "engine/engine.hpp"
+#include "wire/ether/packet_socket.hpp"
+
+namespace softverbs::engine {
+
+namespace {
+
+struct Entry {
+  uint64_t handle;
+  Qp* qp;
+  FlowRule rule;
+};
+
+struct Steering {
+  std::mutex mu;
+  std::vector<Entry> entries;  // NORMAL ones sorted by priority, stable in creation order
+  uint64_t next_handle = 1;
+};
+
+Steering* the_steering = nullptr;
+
+Steering& steering() {
+  // Never destroyed: the receiver thread may run past static destructors. A forked child
+  // starts with an empty table (the parent's QPs are not its own; the lock may have been
+  // held at the fork).
+  static Steering* first = [] {
+    the_steering = new Steering;
+    pthread_atfork(nullptr, nullptr, [] { the_steering = new Steering; });
+    return the_steering;
+  }();
+  (void)first;
+  return *the_steering;
+}
+
+void add_once(std::vector<Qp*>& to, Qp* qp) {
+  for (Qp* q : to)
+    if (q == qp) return;
+  to.push_back(qp);
+}
+
+void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
+  const FrameHeaders h = parse_frame(frame, len);
+  const bool group = (frame[0] & 1) != 0;
+  const bool comes_back = !outgoing || group || std::memcmp(frame, wire::ether::own_mac(), 6) == 0;
+  Steering& s = steering();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<Qp*> to;
+  bool trapped = false;
+  int trapped_priority = -1;
+  for (const Entry& e : s.entries) {
+    const FlowRule& r = e.rule;
+    if (r.type == IBV_FLOW_ATTR_SNIFFER) {
+      add_once(to, e.qp);
+      continue;
+    }
+    if (r.type != IBV_FLOW_ATTR_NORMAL || !comes_back) continue;
+    if (trapped && r.priority != trapped_priority) continue;
+    if (!flow_matches(r, h)) continue;
+    if (!r.drop) add_once(to, e.qp);
+    if (!r.dont_trap) {
+      trapped = true;
+      trapped_priority = r.priority;
+    }
+  }
+  if (!trapped && comes_back)
+    for (const Entry& e : s.entries)
+      if (e.rule.type == IBV_FLOW_ATTR_ALL_DEFAULT || (group && e.rule.type == IBV_FLOW_ATTR_MC_DEFAULT))
+        add_once(to, e.qp);
+  // Under the lock: a QP with rules cannot be destroyed, and its rules go only through it.
+  for (Qp* qp : to) deliver_frame(qp, frame, len);
+}
+
+}  // namespace
+
+int raw_qp_created(Qp*) { return wire::ether::hold_sender(); }
+void raw_qp_destroyed(Qp*) { wire::ether::release_sender(); }
+
+Outcome send_raw(Qp*, const iovec* local, int nlocal, uint64_t len) {
+  if (wire::ether::send_frame(local, nlocal, len) != 0)
+    return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
+  return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
+}
+
+int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle) {
+  if (int err = wire::ether::hold_receiver(&on_frame)) return err;
+  Steering& s = steering();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto at = s.entries.begin();
+  while (at != s.entries.end() && !(rule.type == IBV_FLOW_ATTR_NORMAL && at->rule.type == IBV_FLOW_ATTR_NORMAL &&
+                                    at->rule.priority > rule.priority))
+    ++at;
+  *handle = s.next_handle++;
+  s.entries.insert(at, Entry{*handle, qp, std::move(rule)});
+  ++qp->raw_flows;
+  return 0;
+}
+
+void detach_flow(uint64_t handle) {
+  Steering& s = steering();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto it = s.entries.begin(); it != s.entries.end(); ++it) {
+      if (it->handle != handle) continue;
+      --it->qp->raw_flows;
+      s.entries.erase(it);
+      break;
+    }
+  }
+  // Not under the lock: stopping the receiver waits for its thread, which may be waiting
+  // for the lock in on_frame.
+  wire::ether::release_receiver();
+}
+
+bool raw_qp_has_flows(Qp* qp) {
+  std::lock_guard<std::mutex> lock(steering().mu);
+  return qp->raw_flows > 0;
+}
+
+}  // namespace softverbs::engine

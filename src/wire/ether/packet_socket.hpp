@@ -1,0 +1,43 @@
+// The port's Ethernet, for raw packet QPs (IBV_QPT_RAW_PACKET): frames go out and come in
+// through AF_PACKET sockets on one network interface of this host, so a raw QP talks to
+// the other raw QPs of this host (in any process) and to whatever is on that link, as a
+// NIC's raw Ethernet QP does. Which interface: docs/raw-packet.md.
+//
+// AF_PACKET needs CAP_NET_RAW, as the kernel asks of a raw packet QP on a real NIC: the
+// sender opened at QP creation is that check.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace softverbs::wire::ether {
+
+// The interface: $SOFTVERBS_RAW_NETDEV, else the one of the default IPv4 route, else "lo".
+std::string netdev_name();
+
+// One sender for the process, opened by the first raw QP and closed with the last.
+// 0, or an errno (EPERM without CAP_NET_RAW, ENODEV without the interface).
+int hold_sender();
+void release_sender();
+// The largest frame the interface takes: its MTU, the Ethernet header and one VLAN tag.
+size_t max_frame();
+// Sends one frame gathered from v[0..n) of `len` bytes (hold_sender first). A frame the
+// link drops (the interface down, no buffer) is lost, as Ethernet loses it: 0 all the same.
+// EMSGSIZE when it is shorter than an Ethernet header or longer than max_frame().
+int send_frame(const iovec* v, int n, size_t len);
+
+// Frames that come in, and those this host sends on the interface (a NIC's loopback: the
+// raw QPs of one port see each other's frames). `outgoing`: sent from this host.
+using FrameHandler = void (*)(const uint8_t* frame, size_t len, bool outgoing);
+// The receiver runs while anyone holds it: a thread blocked in poll on the socket. The
+// handler is called on that thread, one frame at a time. 0 or an errno.
+int hold_receiver(FrameHandler handler);
+void release_receiver();
+// The interface's own MAC (zero for lo): an outgoing frame loops back to this host's raw
+// QPs when it is addressed to it, or to a group.
+const uint8_t* own_mac();
+
+}  // namespace softverbs::wire::ether

@@ -1,0 +1,422 @@
+/*
+ * Raw packet QPs (IBV_QPT_RAW_PACKET) and their steering rules (ibv_create_flow(3)), on the
+ * port's interface (SOFTVERBS_RAW_NETDEV=lo here, set by ctest):
+ *  - creating one needs CAP_NET_RAW (EPERM without it, as the kernel); its states take
+ *    IBV_QP_PORT into INIT and nothing else; it posts SEND only;
+ *  - a frame reaches a raw QP only through a rule that matches it (ETH, IPv4, IPv6, TCP,
+ *    UDP specs, value under mask), whole and byte for byte, byte_len the frame's length;
+ *  - priorities, DONT_TRAP, DROP, SNIFFER and MC_DEFAULT rules steer as ibv_create_flow(3)
+ *    says; a QP with a rule cannot be destroyed (EBUSY);
+ *  - frames go between processes of the host (a forked sender);
+ *  - bad arguments: a rule on an RC QP (EINVAL), on a UD QP (EOPNOTSUPP), for port 2
+ *    (EINVAL), with an unknown spec (EINVAL) or a tunnel spec (EOPNOTSUPP); a frame shorter
+ *    than an Ethernet header or larger than the interface takes: IBV_WC_LOC_LEN_ERR.
+ */
+#include "common.h"
+
+#include <arpa/inet.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#define NAME "raw_packet"
+#define FRAME 128
+#define SLOTS 16
+
+static const uint8_t kGroupMac[6] = {0x01, 0x00, 0x5e, 0x11, 0x22, 0x33};
+static const uint8_t kSrcMac[6] = {0x02, 0x00, 0x00, 0xaa, 0xbb, 0xcc};
+
+struct rawq {
+	struct ibv_qp *qp;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr; /* SLOTS frames of FRAME bytes */
+	int posted;
+};
+
+static int modify_raw(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	int err;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	if ((err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT)))
+		return err;
+	a.qp_state = IBV_QPS_RTR;
+	if ((err = ibv_modify_qp(qp, &a, IBV_QP_STATE)))
+		return err;
+	a.qp_state = IBV_QPS_RTS;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+static struct ibv_qp *create_raw(struct sv_dev *d, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_type = IBV_QPT_RAW_PACKET;
+	a.send_cq = a.recv_cq = cq;
+	a.cap.max_send_wr = a.cap.max_recv_wr = SLOTS;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.sq_sig_all = 1;
+	return ibv_create_qp(d->pd, &a);
+}
+
+static void rawq_open(struct sv_dev *d, struct rawq *q)
+{
+	q->cq = sv_create_cq(d, 2 * SLOTS, NULL, NULL);
+	q->qp = create_raw(d, q->cq);
+	CHECK(q->qp != NULL);
+	CHECK_OK(modify_raw(q->qp));
+	q->mr = sv_alloc_mr(d->pd, (size_t)SLOTS * FRAME, IBV_ACCESS_LOCAL_WRITE);
+	for (q->posted = 0; q->posted < SLOTS / 2; ++q->posted)
+		CHECK_OK(sv_post_recv(q->qp, 100 + q->posted, q->mr, (size_t)q->posted * FRAME, FRAME));
+}
+
+static void rawq_close(struct rawq *q)
+{
+	CHECK_OK(ibv_destroy_qp(q->qp));
+	CHECK_OK(ibv_destroy_cq(q->cq));
+	sv_free_mr(q->mr);
+}
+
+/* An Ethernet + IPv4 + UDP frame of FRAME bytes to the group MAC, UDP port `dport`. */
+static void build_frame(uint8_t *f, uint16_t dport, uint8_t tag)
+{
+	memset(f, 0, FRAME);
+	memcpy(f, kGroupMac, 6);
+	memcpy(f + 6, kSrcMac, 6);
+	f[12] = 0x08;
+	f[13] = 0x00;
+	uint8_t *ip = f + 14;
+	ip[0] = 0x45;
+	uint16_t tot = htons(FRAME - 14);
+	memcpy(ip + 2, &tot, 2);
+	ip[6] = 0x40; /* DF */
+	ip[8] = 64;
+	ip[9] = 17;
+	uint32_t src = htonl(0x01010101), dst = htonl(0x02020202);
+	memcpy(ip + 12, &src, 4);
+	memcpy(ip + 16, &dst, 4);
+	uint8_t *udp = ip + 20;
+	uint16_t sp = htons(1234), dp = htons(dport), ul = htons(FRAME - 34);
+	memcpy(udp, &sp, 2);
+	memcpy(udp + 2, &dp, 2);
+	memcpy(udp + 4, &ul, 2);
+	for (int i = 42; i < FRAME; ++i)
+		f[i] = (uint8_t)(tag + i);
+}
+
+/* One frame from `from` (its slot SLOTS-1), checked to complete. */
+static void send_frame(struct rawq *from, uint16_t dport, uint8_t tag, uint32_t len)
+{
+	uint8_t *f = sv_ptr(from->mr, (size_t)(SLOTS - 1) * FRAME);
+	struct ibv_wc wc;
+	build_frame(f, dport, tag);
+	CHECK_OK(sv_post_send(from->qp, 7, from->mr, (size_t)(SLOTS - 1) * FRAME, len, 0));
+	sv_expect_wc(from->cq, 7, IBV_WC_SUCCESS, from->qp, &wc);
+	CHECK_OPCODE(wc, IBV_WC_SEND);
+}
+
+/* Expects the frame with `dport` and `tag` in q's next receive, whole. */
+static void expect_frame(struct rawq *q, uint16_t dport, uint8_t tag)
+{
+	uint8_t want[FRAME];
+	struct ibv_wc wc;
+	sv_poll_one(q->cq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_OPCODE(wc, IBV_WC_RECV);
+	CHECK_EQ(wc.qp_num, q->qp->qp_num);
+	CHECK_EQ(wc.byte_len, FRAME);
+	CHECK(wc.wr_id >= 100 && wc.wr_id < 100 + SLOTS);
+	build_frame(want, dport, tag);
+	CHECKF(memcmp(sv_ptr(q->mr, (size_t)(wc.wr_id - 100) * FRAME), want, FRAME) == 0,
+	       "frame received differs from the one sent");
+	/* Give the slot back for the next frame. */
+	CHECK_OK(sv_post_recv(q->qp, wc.wr_id, q->mr, (size_t)(wc.wr_id - 100) * FRAME, FRAME));
+}
+
+static void expect_nothing(struct rawq *q, const char *what)
+{
+	struct ibv_wc wc;
+	CHECKF(sv_poll(q->cq, 1, &wc, SV_QUIET_MS) == 0, "%s: a frame arrived (wr_id %llu)", what,
+	       (unsigned long long)wc.wr_id);
+}
+
+/* A rule of up to three specs: ETH (to the group MAC), IPv4 (src/dst), UDP (dst port). */
+struct rule {
+	struct ibv_flow_attr attr;
+	struct ibv_flow_spec_eth eth;
+	struct ibv_flow_spec_ipv4 ipv4;
+	struct ibv_flow_spec_tcp_udp udp;
+};
+
+static struct ibv_flow *add_rule(struct ibv_qp *qp, enum ibv_flow_attr_type type, uint16_t prio,
+				 uint32_t flags, int udp_port, int with_drop)
+{
+	uint8_t buf[sizeof(struct rule) + sizeof(struct ibv_flow_spec_action_drop)];
+	struct rule *r = (struct rule *)buf;
+	memset(buf, 0, sizeof(buf));
+	r->attr.type = type;
+	r->attr.priority = prio;
+	r->attr.flags = flags;
+	r->attr.port = 1;
+	r->attr.size = sizeof(r->attr);
+	if (type == IBV_FLOW_ATTR_NORMAL) {
+		r->eth.type = IBV_FLOW_SPEC_ETH;
+		r->eth.size = sizeof(r->eth);
+		memcpy(r->eth.val.dst_mac, kGroupMac, 6);
+		memset(r->eth.mask.dst_mac, 0xff, 6);
+		r->eth.val.ether_type = htons(0x0800);
+		r->eth.mask.ether_type = 0xffff;
+		r->ipv4.type = IBV_FLOW_SPEC_IPV4;
+		r->ipv4.size = sizeof(r->ipv4);
+		r->ipv4.val.dst_ip = htonl(0x02020202);
+		r->ipv4.mask.dst_ip = 0xffffffff;
+		r->udp.type = IBV_FLOW_SPEC_UDP;
+		r->udp.size = sizeof(r->udp);
+		r->udp.val.dst_port = htons((uint16_t)udp_port);
+		r->udp.mask.dst_port = 0xffff;
+		r->attr.num_of_specs = 3;
+		r->attr.size = sizeof(struct rule);
+		if (with_drop) {
+			struct ibv_flow_spec_action_drop *d =
+				(struct ibv_flow_spec_action_drop *)(buf + sizeof(struct rule));
+			d->type = IBV_FLOW_SPEC_ACTION_DROP;
+			d->size = sizeof(*d);
+			r->attr.num_of_specs = 4;
+			r->attr.size = sizeof(buf);
+		}
+	}
+	return ibv_create_flow(qp, &r->attr);
+}
+
+/* Without CAP_NET_RAW (dropped in a child), creating a raw packet QP is EPERM. */
+static void check_needs_cap_net_raw(void)
+{
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+		struct __user_cap_data_struct c[2];
+		struct sv_dev d;
+		if (syscall(SYS_capget, &h, c) != 0)
+			_exit(10);
+		c[CAP_NET_RAW / 32].effective &= ~(1u << (CAP_NET_RAW % 32));
+		if (syscall(SYS_capset, &h, c) != 0)
+			_exit(11);
+		sv_open(&d);
+		struct ibv_cq *cq = sv_create_cq(&d, 4, NULL, NULL);
+		errno = 0;
+		struct ibv_qp *qp = create_raw(&d, cq);
+		_exit(qp == NULL && errno == EPERM ? 0 : 12);
+	}
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	       "without CAP_NET_RAW: child exit %d (12: not EPERM)", WEXITSTATUS(status));
+}
+
+/* A forked process of this host sends three frames to port 5678; we wait for them. */
+static void check_between_processes(struct sv_dev *d, struct rawq *b)
+{
+	int go[2];
+	CHECK(pipe(go) == 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		struct sv_dev cd;
+		struct rawq s;
+		char c;
+		close(go[1]);
+		if (read(go[0], &c, 1) != 1)
+			_exit(20);
+		sv_open(&cd);
+		rawq_open(&cd, &s);
+		for (int i = 0; i < 3; ++i)
+			send_frame(&s, 5678, (uint8_t)(0x40 + i), FRAME);
+		rawq_close(&s);
+		sv_close(&cd);
+		_exit(0);
+	}
+	close(go[0]);
+	CHECK(write(go[1], "g", 1) == 1);
+	close(go[1]);
+	for (int i = 0; i < 3; ++i)
+		expect_frame(b, 5678, (uint8_t)(0x40 + i));
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "sender process exit %d",
+	       WEXITSTATUS(status));
+	(void)d;
+}
+
+int main(void)
+{
+	struct sv_dev d;
+	struct rawq a, b, c;
+	sv_init(NAME);
+	sv_open(&d);
+
+	sv_step("a raw packet QP needs CAP_NET_RAW");
+	struct ibv_cq *probe_cq = sv_create_cq(&d, 4, NULL, NULL);
+	errno = 0;
+	struct ibv_qp *probe = create_raw(&d, probe_cq);
+	if (!probe && errno == EPERM) {
+		/* Not root here: nothing more can be checked than that refusal. */
+		CHECK_OK(ibv_destroy_cq(probe_cq));
+		sv_close(&d);
+		printf("SKIP %s: no CAP_NET_RAW (creation refused with EPERM, as it must be)\n", NAME);
+		return 0;
+	}
+	CHECK(probe != NULL);
+	check_needs_cap_net_raw();
+
+	sv_step("states: PORT into INIT, nothing else");
+	{
+		struct ibv_qp_attr m;
+		memset(&m, 0, sizeof(m));
+		m.qp_state = IBV_QPS_INIT;
+		m.port_num = 1;
+		CHECK_ERR(ibv_modify_qp(probe, &m, IBV_QP_STATE), EINVAL);
+		CHECK_ERR(ibv_modify_qp(probe, &m, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_QKEY), EINVAL);
+		CHECK_OK(modify_raw(probe));
+		CHECK_EQ(sv_query_state(probe), IBV_QPS_RTS);
+	}
+	sv_step("SEND only");
+	{
+		struct ibv_mr *mr = sv_alloc_mr(d.pd, FRAME, IBV_ACCESS_LOCAL_WRITE);
+		struct ibv_send_wr wr, *bad;
+		struct ibv_sge sge;
+		sv_wr_init(&wr, &sge, 1, IBV_WR_SEND_WITH_IMM, mr, 0, FRAME, 0);
+		CHECK_ERR(ibv_post_send(probe, &wr, &bad), EINVAL);
+		sv_wr_init(&wr, &sge, 1, IBV_WR_RDMA_WRITE, mr, 0, FRAME, 0);
+		CHECK_ERR(ibv_post_send(probe, &wr, &bad), EINVAL);
+		sv_free_mr(mr);
+	}
+	CHECK_OK(ibv_destroy_qp(probe));
+	CHECK_OK(ibv_destroy_cq(probe_cq));
+
+	rawq_open(&d, &a);
+	rawq_open(&d, &b);
+	rawq_open(&d, &c);
+
+	sv_step("no rule: nothing arrives");
+	send_frame(&a, 5678, 1, FRAME);
+	expect_nothing(&b, "no rule");
+	expect_nothing(&c, "no rule");
+
+	sv_step("ETH + IPv4 + UDP rule on b");
+	struct ibv_flow *fb = add_rule(b.qp, IBV_FLOW_ATTR_NORMAL, 1, 0, 5678, 0);
+	CHECK(fb != NULL);
+	send_frame(&a, 5678, 2, FRAME);
+	expect_frame(&b, 5678, 2);
+	expect_nothing(&c, "c has no rule");
+	send_frame(&a, 9999, 3, FRAME);
+	expect_nothing(&b, "another UDP port");
+
+	sv_step("a QP with a rule cannot be destroyed");
+	CHECK_ERR(ibv_destroy_qp(b.qp), EBUSY);
+
+	sv_step("a better priority traps it");
+	struct ibv_flow *fc = add_rule(c.qp, IBV_FLOW_ATTR_NORMAL, 0, 0, 5678, 0);
+	CHECK(fc != NULL);
+	send_frame(&a, 5678, 4, FRAME);
+	expect_frame(&c, 5678, 4);
+	expect_nothing(&b, "trapped by c's rule");
+	CHECK_OK(ibv_destroy_flow(fc));
+
+	sv_step("DONT_TRAP takes a copy");
+	fc = add_rule(c.qp, IBV_FLOW_ATTR_NORMAL, 0, IBV_FLOW_ATTR_FLAGS_DONT_TRAP, 5678, 0);
+	CHECK(fc != NULL);
+	send_frame(&a, 5678, 5, FRAME);
+	expect_frame(&c, 5678, 5);
+	expect_frame(&b, 5678, 5);
+	CHECK_OK(ibv_destroy_flow(fc));
+
+	sv_step("DROP traps it for nobody");
+	fc = add_rule(c.qp, IBV_FLOW_ATTR_NORMAL, 0, 0, 5678, 1);
+	CHECK(fc != NULL);
+	send_frame(&a, 5678, 6, FRAME);
+	expect_nothing(&b, "dropped");
+	expect_nothing(&c, "dropped");
+	CHECK_OK(ibv_destroy_flow(fc));
+
+	sv_step("MC_DEFAULT gets the group frames no rule took");
+	fc = add_rule(c.qp, IBV_FLOW_ATTR_MC_DEFAULT, 0, 0, 0, 0);
+	CHECK(fc != NULL);
+	send_frame(&a, 4444, 7, FRAME);
+	expect_frame(&c, 4444, 7);
+	expect_nothing(&b, "not b's port");
+	send_frame(&a, 5678, 8, FRAME);
+	expect_frame(&b, 5678, 8);
+	expect_nothing(&c, "taken by b's rule");
+	CHECK_OK(ibv_destroy_flow(fc));
+
+	sv_step("SNIFFER sees every frame");
+	fc = add_rule(c.qp, IBV_FLOW_ATTR_SNIFFER, 0, 0, 0, 0);
+	CHECK(fc != NULL);
+	send_frame(&a, 5678, 9, FRAME);
+	expect_frame(&b, 5678, 9);
+	expect_frame(&c, 5678, 9);
+	CHECK_OK(ibv_destroy_flow(fc));
+
+	sv_step("between processes");
+	check_between_processes(&d, &b);
+
+	sv_step("bad rules");
+	{
+		struct sv_pair_cfg cfg;
+		sv_pair_cfg_init(&cfg);
+		struct ibv_cq *rc_cq = sv_create_cq(&d, 4, NULL, NULL);
+		struct ibv_qp *rc = sv_create_qp(&d, &cfg, rc_cq, rc_cq, NULL, NULL);
+		errno = 0;
+		CHECK(add_rule(rc, IBV_FLOW_ATTR_NORMAL, 0, 0, 1, 0) == NULL && errno == EINVAL);
+		CHECK_OK(ibv_destroy_qp(rc));
+		struct ibv_qp_init_attr ua;
+		memset(&ua, 0, sizeof(ua));
+		ua.qp_type = IBV_QPT_UD;
+		ua.send_cq = ua.recv_cq = rc_cq;
+		ua.cap.max_send_wr = ua.cap.max_recv_wr = ua.cap.max_send_sge = ua.cap.max_recv_sge = 1;
+		struct ibv_qp *ud = ibv_create_qp(d.pd, &ua);
+		CHECK(ud != NULL);
+		errno = 0;
+		CHECK(add_rule(ud, IBV_FLOW_ATTR_NORMAL, 0, 0, 1, 0) == NULL && errno == EOPNOTSUPP);
+		CHECK_OK(ibv_destroy_qp(ud));
+		CHECK_OK(ibv_destroy_cq(rc_cq));
+
+		struct {
+			struct ibv_flow_attr attr;
+			struct ibv_flow_spec_tunnel t;
+		} r;
+		memset(&r, 0, sizeof(r));
+		r.attr.port = 2;
+		r.attr.size = sizeof(r.attr);
+		errno = 0;
+		CHECK(ibv_create_flow(c.qp, &r.attr) == NULL && errno == EINVAL);
+		r.attr.port = 1;
+		r.attr.num_of_specs = 1;
+		r.attr.size = sizeof(r);
+		r.t.type = IBV_FLOW_SPEC_VXLAN_TUNNEL;
+		r.t.size = sizeof(r.t);
+		errno = 0;
+		CHECK(ibv_create_flow(c.qp, &r.attr) == NULL && errno == EOPNOTSUPP);
+		r.t.type = (enum ibv_flow_spec_type)0x77;
+		errno = 0;
+		CHECK(ibv_create_flow(c.qp, &r.attr) == NULL && errno == EINVAL);
+	}
+
+	sv_step("a frame shorter than an Ethernet header: LOC_LEN_ERR");
+	{
+		struct ibv_wc wc;
+		CHECK_OK(sv_post_send(a.qp, 9, a.mr, 0, 10, 0));
+		sv_expect_wc(a.cq, 9, IBV_WC_LOC_LEN_ERR, a.qp, &wc);
+	}
+
+	CHECK_OK(ibv_destroy_flow(fb));
+	rawq_close(&a);
+	rawq_close(&b);
+	rawq_close(&c);
+	sv_close(&d);
+	sv_pass();
+	return 0;
+}
