@@ -100,6 +100,17 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   // XRC SRQs only (no RECV bit: an XRC TGT QP has no receive queue).
   full.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
                       IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  // RSS (verbs/wq.cpp): raw packet QPs hash IP addresses and TCP/UDP ports with Toeplitz
+  // over WQs; the table sizes are softverbs' own bounds (create_rwq_ind_table).
+  full.rss_caps.supported_qpts = 1u << IBV_QPT_RAW_PACKET;
+  full.rss_caps.max_rwq_indirection_tables = uint32_t(full.orig_attr.max_qp);
+  full.rss_caps.max_rwq_indirection_table_size = 1u << 16;
+  full.rss_caps.rx_hash_fields_mask =
+      IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 | IBV_RX_HASH_SRC_IPV6 | IBV_RX_HASH_DST_IPV6 |
+      IBV_RX_HASH_SRC_PORT_TCP | IBV_RX_HASH_DST_PORT_TCP | IBV_RX_HASH_SRC_PORT_UDP |
+      IBV_RX_HASH_DST_PORT_UDP;
+  full.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
+  full.max_wq_type_rq = uint32_t(full.orig_attr.max_srq);  // a WQ's receives are an SRQ's
   std::memcpy(attr, &full, std::min(attr_size, sizeof(full)));
   return 0;
 }
@@ -187,6 +198,18 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
     errno = EINVAL;
     return nullptr;
   }
+  // RSS: a receive-only raw QP spreading frames over an indirection table's WQs (verbs/wq.cpp).
+  if (ex->comp_mask & (IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE)) {
+    Context* ctx = Context::from(context);
+    constexpr uint32_t kRssMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                                  IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
+    if (!ctx || (ex->comp_mask & ~kRssMask) || !(ex->comp_mask & IBV_QP_INIT_ATTR_IND_TABLE) ||
+        ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags)) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    return create_rss_qp(ctx, ex);
+  }
   constexpr uint32_t kKnownMask =
       IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
       IBV_QP_INIT_ATTR_XRCD;  // an XRC INI QP may name one; it is not used
@@ -236,6 +259,40 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* ex) {
     return nullptr;
   }
   return qp;
+}
+
+// ---- receive work queues and RSS (verbs/wq.cpp)
+ibv_wq* op_create_wq(ibv_context* context, ibv_wq_init_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return create_wq(ctx, attr);
+}
+
+int op_modify_wq(ibv_wq* wq, ibv_wq_attr* attr) {
+  Wq* w = Wq::from(wq);
+  return w ? modify_wq(w, attr) : EINVAL;
+}
+
+int op_destroy_wq(ibv_wq* wq) {
+  Wq* w = Wq::from(wq);
+  return w ? destroy_wq(w) : EINVAL;
+}
+
+ibv_rwq_ind_table* op_create_rwq_ind_table(ibv_context* context, ibv_rwq_ind_table_init_attr* attr) {
+  Context* ctx = Context::from(context);
+  if (!ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return create_rwq_ind_table(ctx, attr);
+}
+
+int op_destroy_rwq_ind_table(ibv_rwq_ind_table* table) {
+  RwqIndTable* t = RwqIndTable::from(table);
+  return t ? destroy_rwq_ind_table(t) : EINVAL;
 }
 
 ibv_flow* op_create_flow(ibv_qp* qp, ibv_flow_attr* attr) {
@@ -399,11 +456,11 @@ void fill_context_ops(Context* ctx) {
   unsupported(v.modify_qp_rate_limit);
   v.modify_cq = &op_modify_cq;  // ex-cq
   v.post_srq_ops = &op_post_srq_ops;  // tag matching
-  unsupported(v.destroy_rwq_ind_table);
-  unsupported(v.create_rwq_ind_table);
-  unsupported(v.destroy_wq);
-  unsupported(v.modify_wq);
-  unsupported(v.create_wq);
+  v.destroy_rwq_ind_table = &op_destroy_rwq_ind_table;  // RSS (verbs/wq.cpp)
+  v.create_rwq_ind_table = &op_create_rwq_ind_table;
+  v.destroy_wq = &op_destroy_wq;
+  v.modify_wq = &op_modify_wq;
+  v.create_wq = &op_create_wq;
   v.query_rt_values = &op_query_rt_values;  // ex-cq
   v.create_cq_ex = &op_create_cq_ex;        // ex-cq
   v.priv = nullptr;

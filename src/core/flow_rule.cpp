@@ -201,4 +201,18 @@ bool flow_matches(const FlowRule& rule, const FrameHeaders& h) {
   return true;
 }
 
+uint32_t toeplitz_hash(const uint8_t* key, size_t key_len, const uint8_t* in, size_t n) {
+  // A 32-bit window slides over the key one bit per input bit; every set input bit XORs it in.
+  auto key_byte = [&](size_t i) -> uint32_t { return i < key_len ? key[i] : 0; };
+  uint32_t window = (key_byte(0) << 24) | (key_byte(1) << 16) | (key_byte(2) << 8) | key_byte(3);
+  uint32_t result = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (int bit = 7; bit >= 0; --bit) {
+      if (in[i] & (1u << bit)) result ^= window;
+      window = (window << 1) | ((key_byte(i + 4) >> bit) & 1u);
+    }
+  }
+  return result;
+}
+
 }  // namespace softverbs

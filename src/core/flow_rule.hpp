@@ -52,4 +52,8 @@ FrameHeaders parse_frame(const uint8_t* frame, size_t len);
 // Whether a frame with these headers matches every spec of `rule` (a NORMAL rule).
 bool flow_matches(const FlowRule& rule, const FrameHeaders& h);
 
+// The Toeplitz hash of RSS (Microsoft's "Receive Side Scaling" verification suite has test
+// vectors): `n` input bytes under a key of key_len bytes; key bits past its end count as 0.
+uint32_t toeplitz_hash(const uint8_t* key, size_t key_len, const uint8_t* in, size_t n);
+
 }  // namespace softverbs

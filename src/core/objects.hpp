@@ -51,6 +51,8 @@ enum Magic : uint32_t {
   kTdMagic = 0x53565444,
   kMwMagic = 0x5356574d,
   kXrcdMagic = 0x53565844,
+  kWqMagic = 0x53565751,
+  kIndTableMagic = 0x53564954,
   kDead = 0xdeaddead,
 };
 
@@ -471,6 +473,36 @@ struct SendWqe {
   TmWork tm;
 };
 
+// A receive work queue (ibv_create_wq(3), verbs/wq.cpp): a receive queue with its own CQ,
+// fed by the RSS QPs whose indirection tables name it. Its receives are a hidden SRQ's
+// (`rq`, whose xrc_cq is the WQ's CQ: a receive's completion goes there, as an XRC SRQ's).
+struct Wq {
+  ibv_wq ibv;
+  uint32_t magic = kWqMagic;
+  Context* ctx = nullptr;
+  Srq* rq = nullptr;
+  std::atomic<int> state{IBV_WQS_RESET};  // frames land only in RDY
+  std::atomic<int> users{0};              // indirection tables naming it
+  static Wq* from(ibv_wq* w);
+};
+
+// ibv_create_rwq_ind_table(3): 2^log_size WQs, indexed by a frame's hash.
+struct RwqIndTable {
+  ibv_rwq_ind_table ibv;
+  uint32_t magic = kIndTableMagic;
+  Context* ctx = nullptr;
+  std::vector<Wq*> wqs;
+  std::atomic<int> users{0};  // RSS QPs using it
+  static RwqIndTable* from(ibv_rwq_ind_table* t);
+};
+
+// An RSS QP's hash (ibv_rx_hash_conf): Toeplitz over the fields the mask selects.
+struct RxHash {
+  std::vector<uint8_t> key;
+  uint64_t fields = 0;
+  RwqIndTable* table = nullptr;
+};
+
 struct Srq {
   ibv_srq ibv;
   uint32_t magic = kSrqMagic;
@@ -667,6 +699,8 @@ struct Qp {
   // A raw packet QP: its steering rules (engine/raw_packet.cpp; under that file's lock). A
   // QP with rules cannot be destroyed (EBUSY), as the kernel counts them as its users.
   int raw_flows = 0;
+  // An RSS QP (a raw packet QP made with an indirection table): how a frame picks its WQ.
+  struct RxHash* rss = nullptr;
 
   ibv_qp* qp() { return &ibv.qp_base; }
   uint32_t qpn() const { return ibv.qp_base.qp_num; }

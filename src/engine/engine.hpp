@@ -124,8 +124,10 @@ Outcome send_raw(Qp* qp, const iovec* local, int nlocal, uint64_t len);
 int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle);
 void detach_flow(uint64_t handle);
 bool raw_qp_has_flows(Qp* qp);
-// Responder: one frame into raw QP t's next receive (none posted: the frame is lost).
+// Responder: one frame into raw QP t's next receive (none posted: the frame is lost), or,
+// for an RSS QP, into WQ wq's (completing on the WQ's CQ, qp_num the WQ's number).
 void deliver_frame(Qp* t, const uint8_t* frame, size_t len);
+void deliver_frame_to_wq(Qp* rss, Wq* wq, const uint8_t* frame, size_t len);
 
 // The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
 // last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.

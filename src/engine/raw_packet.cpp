@@ -38,6 +38,7 @@ struct Steering {
   std::mutex mu;
   std::vector<Entry> entries;  // NORMAL ones sorted by priority, stable in creation order
   uint64_t next_handle = 1;
+  Steering* before_fork = nullptr;  // the parent's table in a forked child: kept, never used
 };
 
 Steering* the_steering = nullptr;
@@ -48,7 +49,11 @@ Steering& steering() {
   // held at the fork).
   static Steering* first = [] {
     the_steering = new Steering;
-    pthread_atfork(nullptr, nullptr, [] { the_steering = new Steering; });
+    pthread_atfork(nullptr, nullptr, [] {
+      Steering* parent = the_steering;
+      the_steering = new Steering;
+      the_steering->before_fork = parent;
+    });
     return the_steering;
   }();
   (void)first;
@@ -59,6 +64,31 @@ void add_once(std::vector<Qp*>& to, Qp* qp) {
   for (Qp* q : to)
     if (q == qp) return;
   to.push_back(qp);
+}
+
+// The WQ of an RSS QP a frame goes to: its hash over the fields the QP asked for, in
+// Toeplitz order (source address, destination address, source port, destination port).
+Wq* pick_wq(const RxHash& rss, const FrameHeaders& h) {
+  uint8_t in[36];
+  size_t n = 0;
+  auto add = [&](uint64_t field, const uint8_t* p, size_t len) {
+    if ((rss.fields & field) && p) {
+      std::memcpy(in + n, p, len);
+      n += len;
+    }
+  };
+  add(IBV_RX_HASH_SRC_IPV4, h.ipv4 ? h.ipv4 + 12 : nullptr, 4);
+  add(IBV_RX_HASH_DST_IPV4, h.ipv4 ? h.ipv4 + 16 : nullptr, 4);
+  add(IBV_RX_HASH_SRC_IPV6, h.ipv6 ? h.ipv6 + 8 : nullptr, 16);
+  add(IBV_RX_HASH_DST_IPV6, h.ipv6 ? h.ipv6 + 24 : nullptr, 16);
+  const bool tcp = h.l4 && h.l4_proto == 6, udp = h.l4 && h.l4_proto == 17;
+  add(IBV_RX_HASH_SRC_PORT_TCP, tcp ? h.l4 : nullptr, 2);
+  add(IBV_RX_HASH_DST_PORT_TCP, tcp ? h.l4 + 2 : nullptr, 2);
+  add(IBV_RX_HASH_SRC_PORT_UDP, udp ? h.l4 : nullptr, 2);
+  add(IBV_RX_HASH_DST_PORT_UDP, udp ? h.l4 + 2 : nullptr, 2);
+  uint32_t hash = n ? toeplitz_hash(rss.key.data(), rss.key.size(), in, n) : 0;
+  const std::vector<Wq*>& wqs = rss.table->wqs;
+  return wqs[hash & (wqs.size() - 1)];
 }
 
 void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
@@ -90,7 +120,10 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
       if (e.rule.type == IBV_FLOW_ATTR_ALL_DEFAULT || (group && e.rule.type == IBV_FLOW_ATTR_MC_DEFAULT))
         add_once(to, e.qp);
   // Under the lock: a QP with rules cannot be destroyed, and its rules go only through it.
-  for (Qp* qp : to) deliver_frame(qp, frame, len);
+  for (Qp* qp : to) {
+    if (qp->rss) deliver_frame_to_wq(qp, pick_wq(*qp->rss, h), frame, len);
+    else deliver_frame(qp, frame, len);
+  }
 }
 
 }  // namespace

@@ -542,19 +542,38 @@ Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& x, int* tgt
   return run_request(req, Target(srq, x.tgt_qpn, tgt_error), ta);
 }
 
+namespace {
+
+// A frame in this process's memory as the request its receive answers: copied, not fetched.
+wire::Request frame_request(const iovec* frame) {
+  wire::Request req;
+  req.type = IBV_QPT_RAW_PACKET;
+  req.opcode = IBV_WR_SEND;
+  req.length = frame->iov_len;
+  req.local = frame;
+  req.nlocal = 1;
+  req.pid = wire::self_pid();
+  return req;
+}
+
+}  // namespace
+
 void deliver_frame(Qp* t, const uint8_t* frame, size_t len) {
   // A raw QP receives from RTR on; a frame for one in RESET, INIT or ERR is lost.
   int st = t->state.load();
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
   iovec v{const_cast<uint8_t*>(frame), len};
-  wire::Request req;
-  req.type = IBV_QPT_RAW_PACKET;
-  req.opcode = IBV_WR_SEND;
-  req.length = len;
-  req.local = &v;
-  req.nlocal = 1;
-  req.pid = wire::self_pid();  // the frame is in this process: copied, not fetched
-  deliver_receive(req, Target(t), true, 0);
+  deliver_receive(frame_request(&v), Target(t), true, 0);
+}
+
+void deliver_frame_to_wq(Qp* rss, Wq* wq, const uint8_t* frame, size_t len) {
+  // An RSS QP has no states of its own that matter (it is never moved out of RESET, as
+  // on mlx5); its WQ receives when RDY.
+  if (wq->state.load() != IBV_WQS_RDY) return;
+  iovec v{const_cast<uint8_t*>(frame), len};
+  Target tg(rss, wq->rq);  // the WQ's receives, its PD, its CQ
+  tg.qpn = wq->ibv.wq_num;
+  deliver_receive(frame_request(&v), tg, true, 0);
 }
 
 }  // namespace softverbs::engine

@@ -446,6 +446,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
 
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   engine::roce_flush_held();  // held ACKs never wait behind another verb (docs/roce.md)
+  if (qp->rss) return EOPNOTSUPP;  // an RSS QP has no states: its WQs have
   if (qp->xrc_remote_slot) return modify_remote_tgt(qp, attr, mask);
   if (Qp* tgt = qp->xrc_opened_from) {  // an opened TGT QP handle: the QP itself
     int err = modify_qp(tgt, attr, mask);
@@ -638,6 +639,7 @@ int destroy_qp_now(Qp* qp) {
   qp->magic = kDead;
   Context* ctx = qp->ctx;
   if (qp->type == IBV_QPT_RAW_PACKET) engine::raw_qp_destroyed(qp);
+  forget_rss(qp);
   const bool hosted = qp->xrc_creator_gone;
   std::shared_ptr<XrcDomain> domain = std::move(qp->xrc_domain);
   delete qp;
@@ -742,7 +744,8 @@ int post_send_batch(Qp* qp) {
 }
 
 int post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  if (qp->srq || qp->type == IBV_QPT_XRC_SEND || qp->type == IBV_QPT_XRC_RECV) {
+  // (An RSS QP's receives are its WQs', ibv_post_wq_recv.)
+  if (qp->srq || qp->type == IBV_QPT_XRC_SEND || qp->type == IBV_QPT_XRC_RECV || qp->rss) {
     if (bad) *bad = wr;
     return EINVAL;
   }

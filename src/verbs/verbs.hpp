@@ -210,6 +210,18 @@ int post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 // ibv_create_flow / ibv_destroy_flow on a raw packet QP (flow.cpp): errno / 0 or errno.
 ibv_flow* create_flow(Qp* qp, ibv_flow_attr* attr);
 int destroy_flow(ibv_flow* flow);
+// Receive work queues, indirection tables and RSS QPs (wq.cpp); create_*: errno on NULL.
+ibv_wq* create_wq(Context* ctx, ibv_wq_init_attr* attr);
+int modify_wq(Wq* wq, ibv_wq_attr* attr);
+int destroy_wq(Wq* wq);
+ibv_rwq_ind_table* create_rwq_ind_table(Context* ctx, ibv_rwq_ind_table_init_attr* attr);
+int destroy_rwq_ind_table(RwqIndTable* table);
+// ibv_create_qp_ex with IBV_QP_INIT_ATTR_RX_HASH (and IND_TABLE): a receive-only raw QP.
+ibv_qp* create_rss_qp(Context* ctx, ibv_qp_init_attr_ex* ex);
+void forget_rss(Qp* qp);  // on destroy: its table is free again
+// The hidden PD and CQ of a context (XRC TGT QPs, RSS QPs: QPs a CQ of the application's
+// does not serve), made once (xrc.cpp).
+bool ensure_tgt_resources(Context* ctx);
 // The extended QP API (ibv_wr_post(3), qp_ex.cpp): which send_ops_flags this device can
 // give a QP of `type` (EOPNOTSUPP for the rest), and the wr_* table of a QP created with them.
 int check_send_ops_flags(ibv_qp_type type, uint64_t flags);

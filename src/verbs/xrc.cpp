@@ -157,7 +157,9 @@ int update_holders(dev_t dev, ino_t ino, bool join, int oflags, bool held_here) 
 std::mutex g_domains_mu;
 std::map<std::pair<dev_t, ino_t>, std::weak_ptr<XrcDomain>> g_domains;
 
-// The hidden PD and CQ of a context's TGT QPs, made once.
+}  // namespace
+
+// The hidden PD and CQ (verbs.hpp), made once.
 bool ensure_tgt_resources(Context* ctx) {
   static std::mutex mu;
   std::lock_guard<std::mutex> once(mu);
@@ -175,8 +177,6 @@ bool ensure_tgt_resources(Context* ctx) {
   ctx->xrc_pd = Pd::from(pd);
   return true;
 }
-
-}  // namespace
 
 void install_xrc_hooks();  // below: our agent's side of ibv_open_qp across processes
 

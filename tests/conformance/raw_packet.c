@@ -8,6 +8,10 @@
  *  - priorities, DONT_TRAP, DROP, SNIFFER and MC_DEFAULT rules steer as ibv_create_flow(3)
  *    says; a QP with a rule cannot be destroyed (EBUSY);
  *  - frames go between processes of the host (a forked sender);
+ *  - RSS: an RSS QP (indirection table of WQs) puts each frame in the WQ its Toeplitz hash
+ *    picks, completing on that WQ's CQ with the WQ's number; a WQ in ERR flushes its
+ *    receives; WQs in a table, tables of an RSS QP and QPs with rules are EBUSY;
+ *  - (SV_RAW_ONE_PROCESS=1: the parts that fork are left out, for TSan's stage);
  *  - bad arguments: a rule on an RC QP (EINVAL), on a UD QP (EOPNOTSUPP), for port 2
  *    (EINVAL), with an unknown spec (EINVAL) or a tunnel spec (EOPNOTSUPP); a frame shorter
  *    than an Ethernet header or larger than the interface takes: IBV_WC_LOC_LEN_ERR.
@@ -25,6 +29,7 @@
 
 static const uint8_t kGroupMac[6] = {0x01, 0x00, 0x5e, 0x11, 0x22, 0x33};
 static const uint8_t kSrcMac[6] = {0x02, 0x00, 0x00, 0xaa, 0xbb, 0xcc};
+static uint32_t g_src_ip = 0x01010101; /* the frames' IPv4 source (RSS varies it) */
 
 struct rawq {
 	struct ibv_qp *qp;
@@ -94,7 +99,7 @@ static void build_frame(uint8_t *f, uint16_t dport, uint8_t tag)
 	ip[6] = 0x40; /* DF */
 	ip[8] = 64;
 	ip[9] = 17;
-	uint32_t src = htonl(0x01010101), dst = htonl(0x02020202);
+	uint32_t src = htonl(g_src_ip), dst = htonl(0x02020202);
 	memcpy(ip + 12, &src, 4);
 	memcpy(ip + 16, &dst, 4);
 	uint8_t *udp = ip + 20;
@@ -133,6 +138,13 @@ static void expect_frame(struct rawq *q, uint16_t dport, uint8_t tag)
 	       "frame received differs from the one sent");
 	/* Give the slot back for the next frame. */
 	CHECK_OK(sv_post_recv(q->qp, wc.wr_id, q->mr, (size_t)(wc.wr_id - 100) * FRAME, FRAME));
+}
+
+static void expect_nothing_cq(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	CHECKF(sv_poll(cq, 1, &wc, 0) == 0, "a completion on the other CQ (wr_id %llu)",
+	       (unsigned long long)wc.wr_id);
 }
 
 static void expect_nothing(struct rawq *q, const char *what)
@@ -188,6 +200,140 @@ static struct ibv_flow *add_rule(struct ibv_qp *qp, enum ibv_flow_attr_type type
 		}
 	}
 	return ibv_create_flow(qp, &r->attr);
+}
+
+/* The Toeplitz hash of RSS, written here from its definition (checked below against the
+ * first vector of Microsoft's RSS verification suite). */
+static uint32_t toeplitz(const uint8_t *key, size_t klen, const uint8_t *in, size_t n)
+{
+	uint32_t window = 0, result = 0;
+	for (int i = 0; i < 4; ++i)
+		window = (window << 8) | key[i];
+	for (size_t i = 0; i < n * 8; ++i) {
+		if (in[i / 8] & (0x80 >> (i % 8)))
+			result ^= window;
+		size_t next = i + 32; /* the key bit that slides in */
+		window = (window << 1) | (next / 8 < klen ? (key[next / 8] >> (7 - next % 8)) & 1 : 0);
+	}
+	return result;
+}
+
+static const uint8_t kRssKey[40] = {0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67,
+				    0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb,
+				    0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30,
+				    0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa};
+
+#define NWQ 4
+
+/* Frames from `a` with 16 source addresses, spread over NWQ WQs (two CQs) by an RSS QP
+ * hashing the IPv4 source and destination. */
+static void check_rss(struct sv_dev *d, struct rawq *a)
+{
+	const uint8_t v_in[8] = {66, 9, 149, 187, 161, 142, 100, 80};
+	CHECK_EQ(toeplitz(kRssKey, sizeof(kRssKey), v_in, 8), 0x323e8fc2);
+
+	struct ibv_cq *cqs[2] = {sv_create_cq(d, 64, NULL, NULL), sv_create_cq(d, 64, NULL, NULL)};
+	struct ibv_wq *wqs[NWQ];
+	struct ibv_mr *mr = sv_alloc_mr(d->pd, (size_t)NWQ * SLOTS * FRAME, IBV_ACCESS_LOCAL_WRITE);
+	for (int i = 0; i < NWQ; ++i) {
+		struct ibv_wq_init_attr wa;
+		memset(&wa, 0, sizeof(wa));
+		wa.wq_type = IBV_WQT_RQ;
+		wa.max_wr = SLOTS;
+		wa.max_sge = 1;
+		wa.pd = d->pd;
+		wa.cq = cqs[i % 2];
+		wqs[i] = ibv_create_wq(d->ctx, &wa);
+		CHECK(wqs[i] != NULL);
+		CHECK(wa.max_wr >= SLOTS);
+		CHECK_EQ(wqs[i]->state, IBV_WQS_RESET);
+		struct ibv_wq_attr m;
+		memset(&m, 0, sizeof(m));
+		m.attr_mask = IBV_WQ_ATTR_STATE;
+		m.wq_state = IBV_WQS_RDY;
+		CHECK_OK(ibv_modify_wq(wqs[i], &m));
+		for (int k = 0; k < SLOTS; ++k) {
+			struct ibv_sge sge = {sv_addr(mr, (size_t)(i * SLOTS + k) * FRAME), FRAME, mr->lkey};
+			struct ibv_recv_wr wr = {.wr_id = (uint64_t)(i * SLOTS + k), .sg_list = &sge, .num_sge = 1};
+			struct ibv_recv_wr *bad;
+			CHECK_OK(ibv_post_wq_recv(wqs[i], &wr, &bad));
+		}
+	}
+	struct ibv_rwq_ind_table_init_attr ta = {.log_ind_tbl_size = 2, .ind_tbl = wqs};
+	struct ibv_rwq_ind_table *table = ibv_create_rwq_ind_table(d->ctx, &ta);
+	CHECK(table != NULL);
+	CHECK_ERR(ibv_destroy_wq(wqs[0]), EBUSY);
+
+	struct ibv_qp_init_attr_ex qa;
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_type = IBV_QPT_RAW_PACKET;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
+	qa.pd = d->pd;
+	qa.rwq_ind_tbl = table;
+	qa.rx_hash_conf.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
+	qa.rx_hash_conf.rx_hash_key_len = sizeof(kRssKey);
+	qa.rx_hash_conf.rx_hash_key = (uint8_t *)kRssKey;
+	qa.rx_hash_conf.rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4;
+	struct ibv_qp *rss = ibv_create_qp_ex(d->ctx, &qa);
+	CHECK(rss != NULL);
+	CHECK_ERR(ibv_destroy_rwq_ind_table(table), EBUSY);
+	{
+		struct ibv_qp_attr m;
+		memset(&m, 0, sizeof(m));
+		m.qp_state = IBV_QPS_INIT;
+		m.port_num = 1;
+		CHECK_ERR(ibv_modify_qp(rss, &m, IBV_QP_STATE | IBV_QP_PORT), EOPNOTSUPP);
+	}
+	struct ibv_flow *f = add_rule(rss, IBV_FLOW_ATTR_NORMAL, 0, 0, 5678, 0);
+	CHECK(f != NULL);
+
+	for (int n = 0; n < 16; ++n) {
+		g_src_ip = 0x0a000001u + (uint32_t)n * 0x01010101u;
+		uint8_t in[8];
+		uint32_t src = htonl(g_src_ip), dst = htonl(0x02020202);
+		memcpy(in, &src, 4);
+		memcpy(in + 4, &dst, 4);
+		int want = (int)(toeplitz(kRssKey, sizeof(kRssKey), in, 8) & (NWQ - 1));
+		send_frame(a, 5678, (uint8_t)n, FRAME);
+		struct ibv_wc wc;
+		sv_poll_one(cqs[want % 2], &wc);
+		CHECK_STATUS(wc, IBV_WC_SUCCESS);
+		CHECKF(wc.qp_num == wqs[want]->wq_num, "frame %d: on WQ %u, the hash picks WQ %u", n,
+		       wc.qp_num, wqs[want]->wq_num);
+		CHECK((int)(wc.wr_id / SLOTS) == want);
+		CHECK_EQ(wc.byte_len, FRAME);
+		uint8_t expect[FRAME];
+		build_frame(expect, 5678, (uint8_t)n);
+		CHECK(memcmp(sv_ptr(mr, (size_t)wc.wr_id * FRAME), expect, FRAME) == 0);
+		expect_nothing_cq(cqs[(want + 1) % 2]);
+	}
+	g_src_ip = 0x01010101;
+
+	sv_step("RSS: a WQ in ERR flushes its receives");
+	{
+		struct ibv_wq_attr m;
+		memset(&m, 0, sizeof(m));
+		m.attr_mask = IBV_WQ_ATTR_STATE;
+		m.wq_state = IBV_WQS_ERR;
+		CHECK_OK(ibv_modify_wq(wqs[1], &m));
+		struct ibv_wc wc[SLOTS];
+		int got = sv_poll(cqs[1], SLOTS, wc, SV_WAIT_MS);
+		CHECK(got > 0);
+		for (int k = 0; k < got; ++k) {
+			CHECK_STATUS(wc[k], IBV_WC_WR_FLUSH_ERR);
+			CHECK_EQ(wc[k].qp_num, wqs[1]->wq_num);
+		}
+	}
+
+	CHECK_ERR(ibv_destroy_qp(rss), EBUSY);
+	CHECK_OK(ibv_destroy_flow(f));
+	CHECK_OK(ibv_destroy_qp(rss));
+	CHECK_OK(ibv_destroy_rwq_ind_table(table));
+	for (int i = 0; i < NWQ; ++i)
+		CHECK_OK(ibv_destroy_wq(wqs[i]));
+	CHECK_OK(ibv_destroy_cq(cqs[0]));
+	CHECK_OK(ibv_destroy_cq(cqs[1]));
+	sv_free_mr(mr);
 }
 
 /* Without CAP_NET_RAW (dropped in a child), creating a raw packet QP is EPERM. */
@@ -269,7 +415,9 @@ int main(void)
 		return 0;
 	}
 	CHECK(probe != NULL);
-	check_needs_cap_net_raw();
+	const int one_process = getenv("SV_RAW_ONE_PROCESS") != NULL;
+	if (!one_process)
+		check_needs_cap_net_raw();
 
 	sv_step("states: PORT into INIT, nothing else");
 	{
@@ -360,8 +508,13 @@ int main(void)
 	expect_frame(&c, 5678, 9);
 	CHECK_OK(ibv_destroy_flow(fc));
 
-	sv_step("between processes");
-	check_between_processes(&d, &b);
+	if (!one_process) {
+		sv_step("between processes");
+		check_between_processes(&d, &b);
+	}
+
+	sv_step("RSS over WQs");
+	check_rss(&d, &a);
 
 	sv_step("bad rules");
 	{

@@ -234,6 +234,10 @@ def print_summary(result):
     no_huge = sum(1 for _, why in result.skipped if 'huge pages' in why)
     if no_huge:
         print(f'  {no_huge} skipped for want of huge pages: {huge_pages_note()}')
+    # Raw packet QPs need root (CAP_NET_RAW), as on a real NIC; the suite skips them without.
+    no_root = sum(1 for _, why in result.skipped if 'by root' in why)
+    if no_root:
+        print(f'  {no_root} skipped for want of root: raw packet QPs need CAP_NET_RAW')
 
 
 HUGE_PAGES = '/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages'
