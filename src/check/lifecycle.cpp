@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "check/state.hpp"
+#include "engine/engine.hpp"
 
 namespace softverbs::check {
 
@@ -180,6 +181,13 @@ void busy(Kind kind, const void* handle, Site site) {
       {
         std::lock_guard<std::mutex> lock(qp->attr_mu);
         groups = qp->mcast_groups.size();
+      }
+      // A raw packet QP: its steering rules hold it instead (docs/raw-packet.md).
+      if (qp->type == IBV_QPT_RAW_PACKET && engine::raw_qp_has_flows(qp)) {
+        busy_report("ibv_destroy_qp", handle, site, 1, "    its steering rule(s) (ibv_create_flow)\n",
+                    "the kernel counts a QP's flows as its users: ibv_destroy_qp of a raw packet "
+                    "QP with rules fails with EBUSY. Call ibv_destroy_flow first.");
+        return;
       }
       busy_report("ibv_destroy_qp", handle, site, groups,
                   "    " + std::to_string(groups) + " multicast group(s) attached\n",

@@ -190,6 +190,8 @@ int check_send_wr(Qp* qp, const ibv_send_wr* wr, uint64_t* total) {
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
   if (qp->type == IBV_QPT_XRC_SEND && wr->qp_type.xrc.remote_srqn > 0xffffff) return EINVAL;
+  // Checksum offload of a raw frame: the device does not offer it (IBV_DEVICE_RAW_IP_CSUM).
+  if ((wr->send_flags & IBV_SEND_IP_CSUM) && qp->type == IBV_QPT_RAW_PACKET) return EINVAL;
   uint64_t sum = 0;
   for (int i = 0; i < wr->num_sge; ++i) sum += wr->sg_list[i].length;
   *total = sum;

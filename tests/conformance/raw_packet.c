@@ -439,6 +439,9 @@ int main(void)
 		CHECK_ERR(ibv_post_send(probe, &wr, &bad), EINVAL);
 		sv_wr_init(&wr, &sge, 1, IBV_WR_RDMA_WRITE, mr, 0, FRAME, 0);
 		CHECK_ERR(ibv_post_send(probe, &wr, &bad), EINVAL);
+		/* No checksum offload: the device does not offer IBV_DEVICE_RAW_IP_CSUM. */
+		sv_wr_init(&wr, &sge, 1, IBV_WR_SEND, mr, 0, FRAME, IBV_SEND_IP_CSUM);
+		CHECK_ERR(ibv_post_send(probe, &wr, &bad), EINVAL);
 		sv_free_mr(mr);
 	}
 	CHECK_OK(ibv_destroy_qp(probe));
