@@ -152,7 +152,10 @@ void Device::fill_device_attr(ibv_device_attr* a) const {
                         // fast registration), as rxe reports it.
                         IBV_DEVICE_MEM_MGT_EXTENSIONS |
                         // XRC domains, XRC SRQs, INI and TGT QPs (verbs/xrc.cpp).
-                        IBV_DEVICE_XRC;
+                        IBV_DEVICE_XRC |
+                        // ibv_create_flow on raw packet QPs (docs/raw-packet.md): the bit
+                        // ibv_create_flow(3) asks for, as mlx4/mlx5 report it.
+                        IBV_DEVICE_MANAGED_FLOW_STEERING;
   a->max_sge = Limits::max_sge;
   a->max_sge_rd = Limits::max_sge;
   a->max_cq = l.max_cq;

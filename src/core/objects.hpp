@@ -699,6 +699,7 @@ struct Qp {
   // A raw packet QP: its steering rules (engine/raw_packet.cpp; under that file's lock). A
   // QP with rules cannot be destroyed (EBUSY), as the kernel counts them as its users.
   int raw_flows = 0;
+  pid_t raw_owner = 0;  // the process that made it (a forked child's copy is not its own)
   // An RSS QP (a raw packet QP made with an indirection table): how a frame picks its WQ.
   struct RxHash* rss = nullptr;
 

@@ -115,8 +115,9 @@ Outcome deliver_xrc_elsewhere(const wire::Request& req, Qp* t, wire::XrcTarget x
 
 // Raw packet QPs (raw_packet.cpp): Ethernet frames on the port's interface (wire/ether).
 // A raw QP holds the sender from its creation (0 or an errno: EPERM without CAP_NET_RAW).
-int raw_qp_created(Qp* qp);
-void raw_qp_destroyed(Qp* qp);
+int raw_qp_created();
+void raw_qp_create_failed();    // after raw_qp_created, when the QP could not be made
+void raw_qp_destroyed(Qp* qp);  // qp->raw_owner: the process that created it
 // Sends the frame gathered from local[0..nlocal): the WQE's outcome.
 Outcome send_raw(Qp* qp, const iovec* local, int nlocal, uint64_t len);
 // Steers the frames that match `rule` to qp's receives (ibv_create_flow): 0 or an errno;

@@ -23,6 +23,7 @@
 #include "core/flow_rule.hpp"
 #include "engine/engine.hpp"
 #include "wire/ether/packet_socket.hpp"
+#include "wire/registry.hpp"
 
 namespace softverbs::engine {
 
@@ -53,11 +54,36 @@ Steering& steering() {
       Steering* parent = the_steering;
       the_steering = new Steering;
       the_steering->before_fork = parent;
+      // Handles go on from the parent's: a rule the child inherited names none of its own.
+      the_steering->next_handle = parent->next_handle;
     });
     return the_steering;
   }();
   (void)first;
   return *the_steering;
+}
+
+// Whether a rule wants frames addressed to other hosts' unicast MACs: then the receiver
+// must see the whole link (wire::ether::set_promiscuous).
+bool wants_other_unicast(const FlowRule& r, const uint8_t* own) {
+  if (r.type == IBV_FLOW_ATTR_SNIFFER || r.type == IBV_FLOW_ATTR_ALL_DEFAULT) return true;
+  if (r.type != IBV_FLOW_ATTR_NORMAL) return false;  // MC_DEFAULT: groups only
+  for (const FlowRule::Spec& sp : r.specs) {
+    if (sp.type != IBV_FLOW_SPEC_ETH) continue;
+    const uint8_t* val = sp.u.eth.val.dst_mac;
+    const uint8_t* mask = sp.u.eth.mask.dst_mac;
+    if ((mask[0] & 1) && (val[0] & 1)) return false;  // group addresses only
+    bool exact = true;
+    for (int i = 0; i < 6; ++i) exact = exact && mask[i] == 0xff;
+    return !(exact && std::memcmp(val, own, 6) == 0);
+  }
+  return true;  // no MAC in the rule: any destination
+}
+
+void update_promiscuous_locked(const Steering& s) {
+  bool any = false;
+  for (const Entry& e : s.entries) any = any || wants_other_unicast(e.rule, wire::ether::own_mac());
+  wire::ether::set_promiscuous(any);
 }
 
 void add_once(std::vector<Qp*>& to, Qp* qp) {
@@ -128,8 +154,12 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
 
 }  // namespace
 
-int raw_qp_created(Qp*) { return wire::ether::hold_sender(); }
-void raw_qp_destroyed(Qp*) { wire::ether::release_sender(); }
+int raw_qp_created() { return wire::ether::hold_sender(); }
+void raw_qp_create_failed() { wire::ether::release_sender(); }
+void raw_qp_destroyed(Qp* qp) {
+  // A forked child's copy of its parent's QP holds nothing of the child's port.
+  if (qp->raw_owner == wire::self_pid()) wire::ether::release_sender();
+}
 
 Outcome send_raw(Qp*, const iovec* local, int nlocal, uint64_t len) {
   if (wire::ether::send_frame(local, nlocal, len) != 0)
@@ -148,26 +178,31 @@ int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle) {
   *handle = s.next_handle++;
   s.entries.insert(at, Entry{*handle, qp, std::move(rule)});
   ++qp->raw_flows;
+  update_promiscuous_locked(s);
   return 0;
 }
 
 void detach_flow(uint64_t handle) {
   Steering& s = steering();
+  bool found = false;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     for (auto it = s.entries.begin(); it != s.entries.end(); ++it) {
       if (it->handle != handle) continue;
       --it->qp->raw_flows;
       s.entries.erase(it);
+      found = true;
       break;
     }
+    if (found) update_promiscuous_locked(s);
   }
   // Not under the lock: stopping the receiver waits for its thread, which may be waiting
-  // for the lock in on_frame.
-  wire::ether::release_receiver();
+  // for the lock in on_frame. (A rule a forked child inherited holds no receiver of its.)
+  if (found) wire::ether::release_receiver();
 }
 
 bool raw_qp_has_flows(Qp* qp) {
+  if (qp->raw_owner != wire::self_pid()) return false;  // the parent's rules, not ours
   std::lock_guard<std::mutex> lock(steering().mu);
   return qp->raw_flows > 0;
 }

@@ -30,13 +30,18 @@ ibv_flow* create_flow(Qp* qp, ibv_flow_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
-  if (attr->flags & ~uint32_t(IBV_FLOW_ATTR_FLAGS_DONT_TRAP)) {
-    errno = EOPNOTSUPP;  // EGRESS: rules on what the QP sends
+  // The kernel's checks (ib_uverbs_ex_create_flow): known flags, DONT_TRAP not on the
+  // catch-all rules, at most 10 specs (IB_FLOW_SPEC_SUPPORT_LAYERS).
+  constexpr uint32_t kKnownFlags = IBV_FLOW_ATTR_FLAGS_DONT_TRAP | IBV_FLOW_ATTR_FLAGS_EGRESS;
+  const bool catch_all = attr->type == IBV_FLOW_ATTR_ALL_DEFAULT || attr->type == IBV_FLOW_ATTR_MC_DEFAULT;
+  if ((attr->flags & ~kKnownFlags) || attr->num_of_specs > 10 ||
+      ((attr->flags & IBV_FLOW_ATTR_FLAGS_DONT_TRAP) && catch_all) ||
+      (attr->type != IBV_FLOW_ATTR_NORMAL && !catch_all && attr->type != IBV_FLOW_ATTR_SNIFFER)) {
+    errno = EINVAL;
     return nullptr;
   }
-  if (attr->type != IBV_FLOW_ATTR_NORMAL && attr->type != IBV_FLOW_ATTR_ALL_DEFAULT &&
-      attr->type != IBV_FLOW_ATTR_MC_DEFAULT && attr->type != IBV_FLOW_ATTR_SNIFFER) {
-    errno = EINVAL;
+  if (attr->flags & IBV_FLOW_ATTR_FLAGS_EGRESS) {
+    errno = EOPNOTSUPP;  // rules on what the QP sends
     return nullptr;
   }
   FlowRule rule;

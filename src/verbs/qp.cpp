@@ -373,14 +373,14 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   // is ours opening its packet socket (EPERM without it).
   const bool raw = init->qp_type == IBV_QPT_RAW_PACKET;
   if (raw) {
-    if (int err = engine::raw_qp_created(nullptr)) {
+    if (int err = engine::raw_qp_created()) {
       errno = err;
       return nullptr;
     }
   }
   // Counted (device_limits().max_qp), with a number of this process's (as many).
   if (!count_object(Counted::Qp)) {
-    if (raw) engine::raw_qp_destroyed(nullptr);
+    if (raw) engine::raw_qp_create_failed();
     errno = ENOMEM;
     return nullptr;
   }
@@ -389,7 +389,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   if (!qpn) {
     delete qp;
     uncount_object(Counted::Qp);
-    if (raw) engine::raw_qp_destroyed(nullptr);
+    if (raw) engine::raw_qp_create_failed();
     errno = ENOMEM;
     return nullptr;
   }
@@ -408,7 +408,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   if (!srq && !queue_memory_for(pd, &qp->rq, kResourceQp, cap.max_recv_wr)) {
     delete qp;
     uncount_object(Counted::Qp);
-    if (raw) engine::raw_qp_destroyed(nullptr);
+    if (raw) engine::raw_qp_create_failed();
     return nullptr;
   }
   qp->ctx = ctx;
@@ -417,6 +417,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
   qp->recv_cq = rcq;
   qp->srq = srq;
   qp->type = init->qp_type;
+  if (raw) qp->raw_owner = wire::self_pid();
   qp->sq_sig_all = init->sq_sig_all != 0;
   qp->cap = cap;
   ibv_qp* q = qp->qp();
@@ -448,7 +449,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
 
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
   engine::roce_flush_held();  // held ACKs never wait behind another verb (docs/roce.md)
-  if (qp->rss) return EOPNOTSUPP;  // an RSS QP has no states: its WQs have
+  if (qp->rss) return ENOSYS;  // an RSS QP has no states, its WQs have (mlx5's answer)
   if (qp->xrc_remote_slot) return modify_remote_tgt(qp, attr, mask);
   if (Qp* tgt = qp->xrc_opened_from) {  // an opened TGT QP handle: the QP itself
     int err = modify_qp(tgt, attr, mask);
@@ -510,6 +511,7 @@ int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask) {
 }
 
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
+  if (qp->rss) return ENOSYS;  // as modify_qp
   if (qp->xrc_remote_slot) return query_remote_tgt(qp, attr, init);
   if (Qp* tgt = qp->xrc_opened_from) {
     int err = query_qp(tgt, attr, mask, init);

@@ -16,13 +16,18 @@ namespace {
 
 std::atomic<uint32_t> g_next_wq_num{1};
 
+void flush_wq(Wq* wq);
+
 int post_wq_recv(ibv_wq* w, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   Wq* wq = Wq::from(w);
   if (!wq) {
     if (bad) *bad = wr;
     return EINVAL;
   }
-  return post_srq_recv(wq->rq, wr, bad);
+  int err = post_srq_recv(wq->rq, wr, bad);
+  // In ERR a receive completes at once, flushed, as a QP's in ERR does.
+  if (wq->state.load() == IBV_WQS_ERR) flush_wq(wq);
+  return err;
 }
 
 // WQ to ERR: its receives complete with IBV_WC_WR_FLUSH_ERR (as a QP's do).
@@ -41,12 +46,17 @@ void flush_wq(Wq* wq) {
   }
 }
 
-// WQ to RESET: its receives go without completions.
+// WQ to RESET: its receives go without completions, and so do its completions not polled
+// yet (as libmlx5 cleans the CQ of the WQ's entries, and a QP's RESET here does).
 void discard_wq(Wq* wq) {
   Srq* srq = wq->rq;
-  std::lock_guard<QueueMutex> lock(srq->mu);
-  uint64_t number;
-  while (engine::srq_take_local(srq, &number)) engine::srq_consume(srq, number);
+  {
+    std::lock_guard<QueueMutex> lock(srq->mu);
+    uint64_t number;
+    while (engine::srq_take_local(srq, &number)) engine::srq_consume(srq, number);
+  }
+  cq_purge_qp(srq->xrc_cq, wq->ibv.wq_num);
+  cq_polled(srq->xrc_cq);
 }
 
 }  // namespace
@@ -110,8 +120,8 @@ ibv_wq* create_wq(Context* ctx, ibv_wq_init_attr* attr) {
 }
 
 int modify_wq(Wq* wq, ibv_wq_attr* attr) {
-  if (!attr || (attr->attr_mask & ~uint32_t(IBV_WQ_ATTR_STATE | IBV_WQ_ATTR_CURR_STATE |
-                                            IBV_WQ_ATTR_FLAGS)))
+  if (!attr || !attr->attr_mask ||
+      (attr->attr_mask & ~uint32_t(IBV_WQ_ATTR_STATE | IBV_WQ_ATTR_CURR_STATE | IBV_WQ_ATTR_FLAGS)))
     return EINVAL;
   if ((attr->attr_mask & IBV_WQ_ATTR_FLAGS) && attr->flags_mask) return EOPNOTSUPP;
   int cur = wq->state.load();
@@ -132,6 +142,8 @@ int modify_wq(Wq* wq, ibv_wq_attr* attr) {
 int destroy_wq(Wq* wq) {
   if (wq->users.load() != 0) return EBUSY;  // an indirection table names it
   Cq* cq = wq->rq->xrc_cq;
+  cq_purge_qp(cq, wq->ibv.wq_num);  // its completions not polled go with it (libmlx5)
+  cq_polled(cq);
   wq->rq->xrc_cq = nullptr;
   if (int err = destroy_srq(wq->rq)) {
     wq->rq->xrc_cq = cq;
@@ -199,12 +211,20 @@ ibv_qp* create_rss_qp(Context* ctx, ibv_qp_init_attr_ex* ex) {
     return nullptr;
   }
   // Toeplitz over IP addresses and TCP/UDP ports (ESP SPIs and inner headers: no).
-  if (h.rx_hash_function != IBV_RX_HASH_FUNC_TOEPLITZ || (h.rx_hash_fields_mask & ~kFields)) {
+  const uint64_t f = h.rx_hash_fields_mask;
+  if (h.rx_hash_function != IBV_RX_HASH_FUNC_TOEPLITZ || (f & ~kFields)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (h.rx_hash_fields_mask && (h.rx_hash_key_len < 40 || !h.rx_hash_key)) {
-    errno = EINVAL;  // a 40-byte key at least: 36 bytes of input need 36 + 4
+  // mlx5's rules: a 40-byte key; IPv4 or IPv6 fields, TCP or UDP ones, not both; no fields
+  // (no hash) only over a table of one WQ.
+  constexpr uint64_t kV4 = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4;
+  constexpr uint64_t kV6 = IBV_RX_HASH_SRC_IPV6 | IBV_RX_HASH_DST_IPV6;
+  constexpr uint64_t kTcp = IBV_RX_HASH_SRC_PORT_TCP | IBV_RX_HASH_DST_PORT_TCP;
+  constexpr uint64_t kUdp = IBV_RX_HASH_SRC_PORT_UDP | IBV_RX_HASH_DST_PORT_UDP;
+  if ((f && (h.rx_hash_key_len != 40 || !h.rx_hash_key)) || ((f & kV4) && (f & kV6)) ||
+      ((f & kTcp) && (f & kUdp)) || (!f && table->wqs.size() > 1)) {
+    errno = EINVAL;
     return nullptr;
   }
   auto* rss = new (std::nothrow) RxHash;

@@ -14,7 +14,8 @@
  *  - (SV_RAW_ONE_PROCESS=1: the parts that fork are left out, for TSan's stage);
  *  - bad arguments: a rule on an RC QP (EINVAL), on a UD QP (EOPNOTSUPP), for port 2
  *    (EINVAL), with an unknown spec (EINVAL) or a tunnel spec (EOPNOTSUPP); a frame shorter
- *    than an Ethernet header or larger than the interface takes: IBV_WC_LOC_LEN_ERR.
+ *    than an Ethernet header or larger than the interface takes: IBV_WC_LOC_LEN_ERR;
+ *  - an 802.1Q-tagged frame arrives with its tag (the kernel strips it; it is put back).
  */
 #include "common.h"
 
@@ -282,11 +283,13 @@ static void check_rss(struct sv_dev *d, struct rawq *a)
 		memset(&m, 0, sizeof(m));
 		m.qp_state = IBV_QPS_INIT;
 		m.port_num = 1;
-		CHECK_ERR(ibv_modify_qp(rss, &m, IBV_QP_STATE | IBV_QP_PORT), EOPNOTSUPP);
+		/* mlx5's answer for an RSS QP, which has no states (its WQs have). */
+		CHECK_ERR(ibv_modify_qp(rss, &m, IBV_QP_STATE | IBV_QP_PORT), ENOSYS);
 	}
 	struct ibv_flow *f = add_rule(rss, IBV_FLOW_ATTR_NORMAL, 0, 0, 5678, 0);
 	CHECK(f != NULL);
 
+	int consumed[NWQ] = {0};
 	for (int n = 0; n < 16; ++n) {
 		g_src_ip = 0x0a000001u + (uint32_t)n * 0x01010101u;
 		uint8_t in[8];
@@ -301,6 +304,7 @@ static void check_rss(struct sv_dev *d, struct rawq *a)
 		CHECKF(wc.qp_num == wqs[want]->wq_num, "frame %d: on WQ %u, the hash picks WQ %u", n,
 		       wc.qp_num, wqs[want]->wq_num);
 		CHECK((int)(wc.wr_id / SLOTS) == want);
+		++consumed[want];
 		CHECK_EQ(wc.byte_len, FRAME);
 		uint8_t expect[FRAME];
 		build_frame(expect, 5678, (uint8_t)n);
@@ -317,12 +321,29 @@ static void check_rss(struct sv_dev *d, struct rawq *a)
 		m.wq_state = IBV_WQS_ERR;
 		CHECK_OK(ibv_modify_wq(wqs[1], &m));
 		struct ibv_wc wc[SLOTS];
-		int got = sv_poll(cqs[1], SLOTS, wc, SV_WAIT_MS);
-		CHECK(got > 0);
+		const int left = SLOTS - consumed[1];
+		int got = sv_poll(cqs[1], left, wc, SV_WAIT_MS);
+		CHECK_EQ(got, left); /* every receive still posted, once */
 		for (int k = 0; k < got; ++k) {
 			CHECK_STATUS(wc[k], IBV_WC_WR_FLUSH_ERR);
 			CHECK_EQ(wc[k].qp_num, wqs[1]->wq_num);
+			CHECK_EQ(wc[k].wr_id / SLOTS, 1);
 		}
+		expect_nothing_cq(cqs[1]);
+		/* A receive posted in ERR completes at once, flushed. */
+		struct ibv_sge sge = {sv_addr(mr, SLOTS * FRAME), FRAME, mr->lkey};
+		struct ibv_recv_wr wr = {.wr_id = 4242, .sg_list = &sge, .num_sge = 1}, *bad;
+		CHECK_OK(ibv_post_wq_recv(wqs[1], &wr, &bad));
+		CHECK_EQ(sv_poll(cqs[1], 1, wc, SV_WAIT_MS), 1);
+		CHECK_STATUS(wc[0], IBV_WC_WR_FLUSH_ERR);
+		CHECK_EQ(wc[0].wr_id, 4242);
+		/* To RESET: what was not polled goes with the receives. */
+		CHECK_OK(ibv_post_wq_recv(wqs[1], &wr, &bad));
+		m.wq_state = IBV_WQS_RESET;
+		CHECK_OK(ibv_modify_wq(wqs[1], &m));
+		expect_nothing_cq(cqs[1]);
+		m.attr_mask = 0;
+		CHECK_ERR(ibv_modify_wq(wqs[1], &m), EINVAL);
 	}
 
 	CHECK_ERR(ibv_destroy_qp(rss), EBUSY);
@@ -561,11 +582,65 @@ int main(void)
 		CHECK(ibv_create_flow(c.qp, &r.attr) == NULL && errno == EINVAL);
 	}
 
-	sv_step("a frame shorter than an Ethernet header: LOC_LEN_ERR");
+	sv_step("a VLAN-tagged frame arrives whole, its tag matched");
+	{
+		struct {
+			struct ibv_flow_attr attr;
+			struct ibv_flow_spec_eth eth;
+		} r;
+		memset(&r, 0, sizeof(r));
+		r.attr.type = IBV_FLOW_ATTR_NORMAL;
+		r.attr.size = sizeof(r);
+		r.attr.num_of_specs = 1;
+		r.attr.port = 1;
+		r.eth.type = IBV_FLOW_SPEC_ETH;
+		r.eth.size = sizeof(r.eth);
+		r.eth.val.vlan_tag = htons(0x0123);
+		r.eth.mask.vlan_tag = htons(0x0fff);
+		r.eth.val.ether_type = htons(0x0800);
+		r.eth.mask.ether_type = 0xffff;
+		struct ibv_flow *fv = ibv_create_flow(c.qp, &r.attr);
+		CHECK(fv != NULL);
+		uint8_t *f = sv_ptr(a.mr, (size_t)(SLOTS - 1) * FRAME);
+		uint8_t sent[FRAME];
+		build_frame(sent, 7777, 0x33);
+		memmove(sent + 16, sent + 12, FRAME - 16); /* 802.1Q tag after the MACs */
+		sent[12] = 0x81;
+		sent[13] = 0x00;
+		sent[14] = 0xa1; /* priority 5, VLAN 0x123 */
+		sent[15] = 0x23;
+		memcpy(f, sent, FRAME);
+		struct ibv_wc wc;
+		CHECK_OK(sv_post_send(a.qp, 11, a.mr, (size_t)(SLOTS - 1) * FRAME, FRAME, 0));
+		sv_expect_wc(a.cq, 11, IBV_WC_SUCCESS, a.qp, &wc);
+		sv_poll_one(c.cq, &wc);
+		CHECK_STATUS(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.byte_len, FRAME);
+		CHECKF(memcmp(sv_ptr(c.mr, (size_t)(wc.wr_id - 100) * FRAME), sent, FRAME) == 0,
+		       "the tagged frame did not arrive as sent");
+		CHECK_OK(sv_post_recv(c.qp, wc.wr_id, c.mr, (size_t)(wc.wr_id - 100) * FRAME, FRAME));
+		expect_nothing(&b, "b's rule is for untagged UDP port 5678");
+		CHECK_OK(ibv_destroy_flow(fv));
+	}
+
+	sv_step("a frame shorter than an Ethernet header: LOC_LEN_ERR, the QP in SQE");
 	{
 		struct ibv_wc wc;
 		CHECK_OK(sv_post_send(a.qp, 9, a.mr, 0, 10, 0));
 		sv_expect_wc(a.cq, 9, IBV_WC_LOC_LEN_ERR, a.qp, &wc);
+		CHECK_EQ(sv_query_state(a.qp), IBV_QPS_SQE);
+		CHECK_OK(sv_modify_state(a.qp, IBV_QPS_RTS));
+	}
+	sv_step("a frame larger than the interface takes: LOC_LEN_ERR");
+	{
+		/* lo's MTU (65536) + the Ethernet header, one byte more, untagged. */
+		const uint32_t big = 65536 + 14 + 1;
+		struct ibv_mr *bmr = sv_alloc_mr(d.pd, big, IBV_ACCESS_LOCAL_WRITE);
+		build_frame(sv_ptr(bmr, 0), 5678, 1);
+		struct ibv_wc wc;
+		CHECK_OK(sv_post_send(a.qp, 10, bmr, 0, big, 0));
+		sv_expect_wc(a.cq, 10, IBV_WC_LOC_LEN_ERR, a.qp, &wc);
+		sv_free_mr(bmr);
 	}
 
 	CHECK_OK(ibv_destroy_flow(fb));

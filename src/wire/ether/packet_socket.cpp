@@ -39,6 +39,7 @@ struct Port {
   int ifindex = 0;
   size_t mtu = 1500;
   bool loopback = false;  // lo: every frame comes back in; its outgoing copy is a duplicate
+  bool promiscuous = false;  // the receiver's PACKET_MR_PROMISC membership
   uint8_t mac[6] = {};
   int receivers = 0;  // flows holding the receiver
   int recv_fd = -1;
@@ -132,9 +133,17 @@ int open_bound(const Port& p, uint16_t protocol, int* fd) {
   return 0;
 }
 
+// Frames taken per wake-up before the stop fd is looked at again: a socket that never
+// drains (all of lo's traffic passes here) must not keep release_receiver waiting.
+constexpr int kFramesPerPoll = 64;
+
 void receive_loop(Port* p, int fd, int stop_fd, FrameHandler handler) {
-  // Room for the largest frame any interface (lo: 64 KiB MTU) hands us.
-  std::vector<uint8_t> buf(65536 + kEthHeader + kVlanTag);
+  // Room for the largest frame any interface (lo: 64 KiB MTU) hands us, with 4 bytes in
+  // front for a VLAN tag the kernel took off (below).
+  std::vector<uint8_t> buf(kVlanTag + 65536 + kEthHeader + kVlanTag);
+  uint8_t* const frame_at = buf.data() + kVlanTag;
+  const size_t room = buf.size() - kVlanTag;
+  alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(tpacket_auxdata))];
   pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
   for (;;) {
     if (poll(fds, 2, -1) < 0) {
@@ -142,18 +151,61 @@ void receive_loop(Port* p, int fd, int stop_fd, FrameHandler handler) {
       return;
     }
     if (fds[1].revents) return;
-    for (;;) {
+    for (int k = 0; k < kFramesPerPoll; ++k) {
       sockaddr_ll from{};
-      socklen_t from_len = sizeof(from);
-      ssize_t n = recvfrom(fd, buf.data(), buf.size(), MSG_DONTWAIT | MSG_TRUNC,
-                           reinterpret_cast<sockaddr*>(&from), &from_len);
+      iovec v{frame_at, room};
+      msghdr msg{};
+      msg.msg_name = &from;
+      msg.msg_namelen = sizeof(from);
+      msg.msg_iov = &v;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC);
       if (n < 0) break;  // EAGAIN: drained
-      if (static_cast<size_t>(n) > buf.size() || static_cast<size_t>(n) < kEthHeader) continue;
+      if (static_cast<size_t>(n) > room || static_cast<size_t>(n) < kEthHeader) continue;
       bool outgoing = from.sll_pkttype == PACKET_OUTGOING;
       if (outgoing && p->loopback) continue;  // lo hands it to us again as it comes in
-      handler(buf.data(), static_cast<size_t>(n), outgoing);
+      // The kernel takes an 802.1Q tag off before packet sockets see the frame (and a NIC
+      // with VLAN offload does too); the tag is in the aux data. A raw QP gets the frame
+      // as it was on the wire, tag included: put it back.
+      uint8_t* frame = frame_at;
+      size_t len = static_cast<size_t>(n);
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_PACKET || c->cmsg_type != PACKET_AUXDATA) continue;
+        tpacket_auxdata aux;
+        std::memcpy(&aux, CMSG_DATA(c), sizeof(aux));
+        if (!(aux.tp_status & TP_STATUS_VLAN_VALID)) break;
+        uint16_t tpid = htons((aux.tp_status & TP_STATUS_VLAN_TPID_VALID) ? aux.tp_vlan_tpid : 0x8100);
+        uint16_t tci = htons(aux.tp_vlan_tci);
+        frame = buf.data();
+        std::memmove(frame, frame_at, 12);  // the MACs move up; the tag goes after them
+        std::memcpy(frame + 12, &tpid, 2);
+        std::memcpy(frame + 14, &tci, 2);
+        len += kVlanTag;
+        break;
+      }
+      handler(frame, len, outgoing);
     }
   }
+}
+
+// Receives frames to every address on the interface (PACKET_MR_PROMISC) or to every group
+// (PACKET_MR_ALLMULTI): the kernel counts memberships per socket and drops them with it.
+void set_membership(const Port& p, int fd, int type, bool on) {
+  packet_mreq m{};
+  m.mr_ifindex = p.ifindex;
+  m.mr_type = static_cast<unsigned short>(type);
+  setsockopt(fd, SOL_PACKET, on ? PACKET_ADD_MEMBERSHIP : PACKET_DROP_MEMBERSHIP, &m, sizeof(m));
+}
+
+// Byte `at` of a frame gathered from v[0..n) (0 past its end).
+uint8_t byte_at(const iovec* v, int n, size_t at) {
+  for (int i = 0; i < n; ++i) {
+    if (at < v[i].iov_len) return static_cast<const uint8_t*>(v[i].iov_base)[at];
+    at -= v[i].iov_len;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -194,16 +246,33 @@ size_t max_frame() {
 
 const uint8_t* own_mac() { return port().mac; }
 
+void set_promiscuous(bool on) {
+  Port& p = port();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.recv_fd < 0 || p.promiscuous == on) return;
+  set_membership(p, p.recv_fd, PACKET_MR_PROMISC, on);
+  p.promiscuous = on;
+}
+
 int send_frame(const iovec* v, int n, size_t len) {
-  if (len < kEthHeader || len > max_frame()) return EMSGSIZE;
+  if (len < kEthHeader) return EMSGSIZE;
+  // Four bytes more than MTU + header only for a frame that carries a VLAN tag (the
+  // kernel's own rule, dev_validate_header/packet_snd).
+  if (len > max_frame() - kVlanTag) {
+    const uint16_t type = static_cast<uint16_t>(byte_at(v, n, 12) << 8 | byte_at(v, n, 13));
+    const bool tagged = type == 0x8100 || type == 0x88a8;
+    if (!tagged || len > max_frame()) return EMSGSIZE;
+  }
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(v);
   msg.msg_iovlen = static_cast<size_t>(n);
   int fd = port().send_fd.load(std::memory_order_acquire);
   if (fd < 0) return EBADF;
-  while (sendmsg(fd, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  ssize_t sent;
+  while ((sent = sendmsg(fd, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
   }
-  return 0;  // a frame the link refused is lost, as on the wire
+  if (sent < 0 && errno == EMSGSIZE) return EMSGSIZE;
+  return 0;  // a frame the link refused (down, no buffer) is lost, as on the wire
 }
 
 int hold_receiver(FrameHandler handler) {
@@ -217,6 +286,11 @@ int hold_receiver(FrameHandler handler) {
     if (int err = look_up_interface(p)) return err;
   int fd = -1;
   if (int err = open_bound(p, ETH_P_ALL, &fd)) return err;
+  int one = 1;
+  setsockopt(fd, SOL_PACKET, PACKET_AUXDATA, &one, sizeof(one));  // VLAN tags (receive_loop)
+  // Group frames reach the rules whether or not the host joined the group, as on a NIC.
+  set_membership(p, fd, PACKET_MR_ALLMULTI, true);
+  p.promiscuous = false;
   int stop = eventfd(0, EFD_CLOEXEC);
   if (stop < 0) {
     int err = errno;

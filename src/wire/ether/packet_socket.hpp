@@ -26,7 +26,8 @@ void release_sender();
 size_t max_frame();
 // Sends one frame gathered from v[0..n) of `len` bytes (hold_sender first). A frame the
 // link drops (the interface down, no buffer) is lost, as Ethernet loses it: 0 all the same.
-// EMSGSIZE when it is shorter than an Ethernet header or longer than max_frame().
+// EMSGSIZE when it is shorter than an Ethernet header or longer than max_frame() (than
+// max_frame() less the tag when it has no 802.1Q/802.1ad tag).
 int send_frame(const iovec* v, int n, size_t len);
 
 // Frames that come in, and those this host sends on the interface (a NIC's loopback: the
@@ -39,5 +40,9 @@ void release_receiver();
 // The interface's own MAC (zero for lo): an outgoing frame loops back to this host's raw
 // QPs when it is addressed to it, or to a group.
 const uint8_t* own_mac();
+// While rules want frames to other hosts' MACs (sniffers, catch-alls, rules on another
+// unicast MAC), the receiver takes every frame on the link (promiscuous), as a NIC's
+// steering sees what the wire brings. Group frames it always takes.
+void set_promiscuous(bool on);
 
 }  // namespace softverbs::wire::ether
