@@ -22,7 +22,9 @@
 #include "core/errors.hpp"
 #include "core/flow_rule.hpp"
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "wire/ether/packet_socket.hpp"
+#include "wire/roce/pcap.hpp"
 #include "wire/registry.hpp"
 
 namespace softverbs::engine {
@@ -145,6 +147,12 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
     for (const Entry& e : s.entries)
       if (e.rule.type == IBV_FLOW_ATTR_ALL_DEFAULT || (group && e.rule.type == IBV_FLOW_ATTR_MC_DEFAULT))
         add_once(to, e.qp);
+  // `softverbs trace`: a frame this process's QPs took, once however many took it.
+  if (!to.empty())
+    if (wire::roce::PcapWriter* w = trace_writer()) {
+      iovec v{const_cast<uint8_t*>(frame), len};
+      w->write_frame(&v, 1, len);
+    }
   // Under the lock: a QP with rules cannot be destroyed, and its rules go only through it.
   for (Qp* qp : to) {
     if (qp->rss) deliver_frame_to_wq(qp, pick_wq(*qp->rss, h), frame, len);
@@ -164,6 +172,7 @@ void raw_qp_destroyed(Qp* qp) {
 Outcome send_raw(Qp*, const iovec* local, int nlocal, uint64_t len) {
   if (wire::ether::send_frame(local, nlocal, len) != 0)
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
+  if (wire::roce::PcapWriter* w = trace_writer()) w->write_frame(local, nlocal, len);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 

@@ -152,7 +152,8 @@ bool run_wqe(Qp* qp, SendWqe& w, int st) {
   // ---- end
   // To another host: the WQE goes out as RoCE v2 packets and completes through the link.
   if (roce_post(qp, w)) return true;
-  if (debug_hooks_armed()) return run_wqe_debug(qp, w, st);
+  // (A raw packet QP's frame is traced as it is sent, raw_packet.cpp; no IBA packets.)
+  if (debug_hooks_armed() && qp->type != IBV_QPT_RAW_PACKET) return run_wqe_debug(qp, w, st);
   return complete(qp, w, execute(qp, w), st);
 }
 

@@ -605,6 +605,9 @@ int main(void)
 		uint8_t sent[FRAME];
 		build_frame(sent, 7777, 0x33);
 		memmove(sent + 16, sent + 12, FRAME - 16); /* 802.1Q tag after the MACs */
+		uint16_t ip_len = htons(FRAME - 18), udp_len = htons(FRAME - 38);
+		memcpy(sent + 18 + 2, &ip_len, 2); /* the IP and UDP lengths of the shorter packet */
+		memcpy(sent + 18 + 20 + 4, &udp_len, 2);
 		sent[12] = 0x81;
 		sent[13] = 0x00;
 		sent[14] = 0xa1; /* priority 5, VLAN 0x123 */

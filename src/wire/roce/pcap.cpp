@@ -133,6 +133,24 @@ bool PcapWriter::write(const IcrcContext& ctx, const uint8_t* dgram, size_t len,
   return ok;
 }
 
+bool PcapWriter::write_frame(const iovec* v, int n, size_t len) {
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  const uint32_t frame = uint32_t(len);
+  const uint32_t record[4] = {uint32_t(now.tv_sec), uint32_t(now.tv_nsec), frame, frame};
+  std::lock_guard lock(mutex_);
+  if (file_ == nullptr || len > 0xffffffffu) return false;
+  bool ok = fwrite(record, sizeof record, 1, file_) == 1;
+  size_t left = len;
+  for (int i = 0; ok && i < n && left > 0; ++i) {
+    size_t k = v[i].iov_len < left ? v[i].iov_len : left;
+    ok = k == 0 || fwrite(v[i].iov_base, k, 1, file_) == 1;
+    left -= k;
+  }
+  if (!ok) failed_ = true;
+  return ok;
+}
+
 bool PcapWriter::flush() {
   std::lock_guard lock(mutex_);
   if (file_ == nullptr) return false;

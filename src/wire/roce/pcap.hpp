@@ -6,6 +6,8 @@
 // datagram's did against that context.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +43,9 @@ class PcapWriter {
   // whole. False when closed, when the datagram is too long, or on a write error.
   bool write(const IcrcContext& ctx, const uint8_t* dgram, size_t len);
   bool write(const IcrcContext& ctx, const uint8_t* dgram, size_t len, const timespec& when);
+  // Appends one whole Ethernet frame gathered from v[0..n), `len` bytes (a raw packet QP's,
+  // docs/raw-packet.md), stamped now. Same guarantees as write.
+  bool write_frame(const iovec* v, int n, size_t len);
   // Pushes buffered records to the file.
   bool flush();
   // Flushes and closes; false if any write since open failed. Closing twice is harmless.
