@@ -623,6 +623,10 @@ struct Qp {
   // This handle names a TGT QP of the process in this registry slot (0: not such a handle);
   // modify, query and destroy ask that process's agent.
   int xrc_remote_slot = 0;
+  // That process (its pid when the handle was opened); once it died the QP is gone with it
+  // and the handle shows a fatal error (verbs/xrc.cpp creator_died).
+  pid_t xrc_remote_pid = 0;
+  std::atomic<bool> xrc_remote_dead{false};
   std::atomic<int> state{IBV_QPS_RESET};
   // The connection to a peer process (under attr_mu): a number unique in this process, given
   // when the QP enters RTR, and the peer's pid then; RESET clears both. A dead peer's timer

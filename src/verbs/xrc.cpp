@@ -364,7 +364,7 @@ wire::QpRef tgt_for(uint32_t qpn, pid_t pid, bool opening) {
   return {};
 }
 
-void openers_died(pid_t pid);
+void process_died(pid_t pid);
 
 int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
   wire::QpRef ref = tgt_for(qpn, pid, true);
@@ -379,7 +379,7 @@ int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
     t->xrc_remote_openers.push_back({pid, slot});
     ++t->xrc_handles;
   }
-  engine::watch_pid(pid, openers_died);  // its handles go with it (openers_died)
+  engine::watch_pid(pid, process_died);  // its handles go with it (openers_died)
   return 0;
 }
 
@@ -445,6 +445,30 @@ void openers_died(pid_t pid) {
     ref.reset();
     if (last) destroy_qp_now(t);
   }
+}
+
+// At an opener: process `pid`, which hosted TGT QPs we hold handles on, died. In the kernel
+// the QP would live on (its holders keep it); here it ran in that process and went with it
+// (docs/xrc.md). Our handles see what a QP that met a fatal error shows: ERR and
+// IBV_EVENT_QP_FATAL, once; after that query answers ERR, modify ENXIO, destroy works.
+void creator_died(pid_t pid) {
+  std::lock_guard<std::mutex> lock(g_remote_mu);
+  for (auto& [qpn, h] : g_remote_handles) {
+    if (h->xrc_remote_pid != pid || h->xrc_remote_dead.exchange(true)) continue;
+    h->state.store(IBV_QPS_ERR);
+    h->qp()->state = IBV_QPS_ERR;
+    ibv_async_event ev{};
+    ev.element.qp = h->qp();
+    ev.event_type = IBV_EVENT_QP_FATAL;
+    h->ctx->post_async(ev);
+  }
+}
+
+// The one hook of engine::watch_pid: a process that held our TGT QPs' handles, or that
+// hosted TGT QPs we hold handles on (either, or both), died.
+void process_died(pid_t pid) {
+  openers_died(pid);
+  creator_died(pid);
 }
 
 // At an opener: an event of a TGT QP in `slot`'s process, for each of our handles on it.
@@ -518,21 +542,33 @@ ibv_qp* open_remote_tgt(Context* ctx, Xrcd* xrcd, ibv_qp_open_attr* attr) {
     return nullptr;
   }
   h->xrc_remote_slot = slot;
+  h->xrc_remote_pid = wire::slot_owner(slot);
   ibv_qp_attr a{};
   if (wire::agent_xrc(slot, wire::XrcOp::Query, qpn, 0, 0, &a, 0) == 0) h->qp()->state = a.qp_state;
-  std::lock_guard<std::mutex> lock(g_remote_mu);
-  g_remote_handles.insert({qpn, h});
+  {
+    std::lock_guard<std::mutex> lock(g_remote_mu);
+    g_remote_handles.insert({qpn, h});
+  }
+  // Its death takes the QP: our handle then shows a fatal error (creator_died).
+  if (h->xrc_remote_pid > 0) engine::watch_pid(h->xrc_remote_pid, process_died);
   return h->qp();
 }
 
 int modify_remote_tgt(Qp* h, ibv_qp_attr* attr, int mask) {
+  if (h->xrc_remote_dead.load()) return ENXIO;  // the QP went with its process
   int err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Modify, h->qpn(), 0, 0, attr, mask);
   if (!err && (mask & IBV_QP_STATE)) h->qp()->state = attr->qp_state;
   return err;
 }
 
 int query_remote_tgt(Qp* h, ibv_qp_attr* attr, ibv_qp_init_attr* init) {
-  int err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Query, h->qpn(), 0, 0, attr, 0);
+  int err = 0;
+  if (h->xrc_remote_dead.load()) {
+    *attr = {};  // the QP went with its process: what is left to say is that it failed
+    attr->qp_state = attr->cur_qp_state = IBV_QPS_ERR;
+  } else {
+    err = wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Query, h->qpn(), 0, 0, attr, 0);
+  }
   if (err) return err;
   h->qp()->state = attr->qp_state;
   if (init) {
@@ -554,7 +590,8 @@ void destroy_remote_tgt(Qp* h) {
       }
   }
   // The TGT QP's process may be gone: then there is nothing left to release.
-  wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Close, h->qpn(), 0, 0, nullptr, 0);
+  if (!h->xrc_remote_dead.load())
+    wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Close, h->qpn(), 0, 0, nullptr, 0);
   free_opened_handle(h);
 }
 
