@@ -357,6 +357,9 @@ struct Cq {
   std::atomic<bool> in_error{false};
   // Fed by a QP on the wire (RoCE v2): an empty poll receives from the port (engine/roce.hpp).
   std::atomic<bool> roce_fed{false};
+  // Fed by a raw packet QP's rules (or an RSS QP's WQs): an empty poll takes frames from the
+  // port's interface itself (engine/raw_packet.cpp). In the padding before `users`.
+  std::atomic<bool> raw_fed{false};
   bool destroying = false;       // under produce_mu
   std::atomic<int> users{0};     // QPs feeding it
   // Events handed out by ibv_get_cq_event / ibv_get_async_event (under ibv.mutex).

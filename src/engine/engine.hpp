@@ -125,6 +125,11 @@ Outcome send_raw(Qp* qp, const iovec* local, int nlocal, uint64_t len);
 int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle);
 void detach_flow(uint64_t handle);
 bool raw_qp_has_flows(Qp* qp);
+// An empty poll of a raw-fed CQ (Cq::raw_fed) takes the frames waiting (true: some were
+// steered, to this CQ or another); raw_poll_stop before the application waits for an event.
+bool raw_receiving();
+bool raw_poll();
+void raw_poll_stop();
 // Responder: one frame into raw QP t's next receive (none posted: the frame is lost), or,
 // for an RSS QP, into WQ wq's (completing on the WQ's CQ, qp_num the WQ's number).
 void deliver_frame(Qp* t, const uint8_t* frame, size_t len);

@@ -41,6 +41,7 @@ struct Steering {
   std::mutex mu;
   std::vector<Entry> entries;  // NORMAL ones sorted by priority, stable in creation order
   uint64_t next_handle = 1;
+  uint64_t promisc_generation = 0;
   Steering* before_fork = nullptr;  // the parent's table in a forked child: kept, never used
 };
 
@@ -82,10 +83,16 @@ bool wants_other_unicast(const FlowRule& r, const uint8_t* own) {
   return true;  // no MAC in the rule: any destination
 }
 
-void update_promiscuous_locked(const Steering& s) {
+// Whether the table wants the link promiscuous, numbered so that the newest answer wins
+// (applied after the table's lock is let go: the port's lock is never taken under it).
+struct Promiscuity {
+  bool on;
+  uint64_t generation;
+};
+Promiscuity promiscuity_locked(Steering& s) {
   bool any = false;
   for (const Entry& e : s.entries) any = any || wants_other_unicast(e.rule, wire::ether::own_mac());
-  wire::ether::set_promiscuous(any);
+  return {any, ++s.promisc_generation};
 }
 
 void add_once(std::vector<Qp*>& to, Qp* qp) {
@@ -176,10 +183,20 @@ Outcome send_raw(Qp*, const iovec* local, int nlocal, uint64_t len) {
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 
+bool raw_receiving() { return wire::ether::receiving(); }
+bool raw_poll() { return wire::ether::poll_frames(16) > 0; }
+void raw_poll_stop() { wire::ether::stop_polling(); }
+
 int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle) {
   if (int err = wire::ether::hold_receiver(&on_frame)) return err;
+  // The CQs its frames complete on: an empty poll of one takes frames itself.
+  if (qp->rss) {
+    for (Wq* wq : qp->rss->table->wqs) wq->rq->xrc_cq->raw_fed.store(true, std::memory_order_relaxed);
+  } else {
+    qp->recv_cq->raw_fed.store(true, std::memory_order_relaxed);
+  }
   Steering& s = steering();
-  std::lock_guard<std::mutex> lock(s.mu);
+  std::unique_lock<std::mutex> lock(s.mu);
   auto at = s.entries.begin();
   while (at != s.entries.end() && !(rule.type == IBV_FLOW_ATTR_NORMAL && at->rule.type == IBV_FLOW_ATTR_NORMAL &&
                                     at->rule.priority > rule.priority))
@@ -187,13 +204,16 @@ int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle) {
   *handle = s.next_handle++;
   s.entries.insert(at, Entry{*handle, qp, std::move(rule)});
   ++qp->raw_flows;
-  update_promiscuous_locked(s);
+  const Promiscuity want = promiscuity_locked(s);
+  lock.unlock();
+  wire::ether::set_promiscuous(want.on, want.generation);
   return 0;
 }
 
 void detach_flow(uint64_t handle) {
   Steering& s = steering();
   bool found = false;
+  Promiscuity want{};
   {
     std::lock_guard<std::mutex> lock(s.mu);
     for (auto it = s.entries.begin(); it != s.entries.end(); ++it) {
@@ -203,8 +223,9 @@ void detach_flow(uint64_t handle) {
       found = true;
       break;
     }
-    if (found) update_promiscuous_locked(s);
+    if (found) want = promiscuity_locked(s);
   }
+  if (found) wire::ether::set_promiscuous(want.on, want.generation);
   // Not under the lock: stopping the receiver waits for its thread, which may be waiting
   // for the lock in on_frame. (A rule a forked child inherited holds no receiver of its.)
   if (found) wire::ether::release_receiver();

@@ -274,6 +274,10 @@ uint64_t take_wire(Cq* cq, bool want) {
   const bool roce = want && cq->roce_fed.load(std::memory_order_relaxed);
   if (roce && tail == cq->head.load(std::memory_order_relaxed) && engine::roce_poll())
     tail = cq->tail.load(std::memory_order_acquire);  // packets from the wire, received here
+  // Frames for raw packet QPs, taken here rather than by the receiver thread (raw_packet.cpp).
+  if (want && cq->raw_fed.load(std::memory_order_relaxed) &&
+      tail == cq->head.load(std::memory_order_relaxed) && engine::raw_receiving() && engine::raw_poll())
+    tail = cq->tail.load(std::memory_order_acquire);
   if (roce) engine::roce_poll_result(cq, tail != cq->head.load(std::memory_order_relaxed));
   else engine::roce_flush_held();  // not a CQ of the wire: the application moved on
   return tail;
@@ -363,6 +367,7 @@ int req_notify_cq(Cq* cq, int solicited_only) {
   // About to sleep until an event: the port's thread must receive the wire's packets again.
   if (cq->roce_fed.load(std::memory_order_relaxed)) engine::roce_poll_stop();
   else engine::roce_flush_held();
+  if (cq->raw_fed.load(std::memory_order_relaxed)) engine::raw_poll_stop();
   {
     std::lock_guard<SpinLock> lock(cq->produce_mu);
     if (cq->in_error.load()) return EINVAL;

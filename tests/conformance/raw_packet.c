@@ -28,8 +28,11 @@
 #define FRAME 128
 #define SLOTS 16
 
-static const uint8_t kGroupMac[6] = {0x01, 0x00, 0x5e, 0x11, 0x22, 0x33};
-static const uint8_t kSrcMac[6] = {0x02, 0x00, 0x00, 0xaa, 0xbb, 0xcc};
+/* The test's own MACs, made from its pid in main: other programs (ctest runs the raw tests
+ * and pyverbs' side by side, all on lo) send other frames there, which the rules here do
+ * not match, and which the catch-all rules' checks skip (next_own). */
+static uint8_t kGroupMac[6] = {0x01, 0x00, 0x5e, 0, 0, 0};
+static uint8_t kSrcMac[6] = {0x02, 0x00, 0, 0, 0, 0};
 static uint32_t g_src_ip = 0x01010101; /* the frames' IPv4 source (RSS varies it) */
 
 struct rawq {
@@ -123,12 +126,28 @@ static void send_frame(struct rawq *from, uint16_t dport, uint8_t tag, uint32_t 
 	CHECK_OPCODE(wc, IBV_WC_SEND);
 }
 
+/* The next receive of q that holds a frame of this test (from kSrcMac), within timeout_ms:
+ * 1, or 0. Other programs' frames (a catch-all rule takes them) are skipped, their slots
+ * posted again; one too large for a slot completes with an error and is skipped too. */
+static int next_own(struct rawq *q, struct ibv_wc *wc, int timeout_ms)
+{
+	for (;;) {
+		if (sv_poll(q->cq, 1, wc, timeout_ms) == 0)
+			return 0;
+		CHECK(wc->wr_id >= 100 && wc->wr_id < 100 + SLOTS);
+		const uint8_t *f = sv_ptr(q->mr, (size_t)(wc->wr_id - 100) * FRAME);
+		if (wc->status == IBV_WC_SUCCESS && wc->byte_len >= 12 && memcmp(f + 6, kSrcMac, 6) == 0)
+			return 1;
+		CHECK_OK(sv_post_recv(q->qp, wc->wr_id, q->mr, (size_t)(wc->wr_id - 100) * FRAME, FRAME));
+	}
+}
+
 /* Expects the frame with `dport` and `tag` in q's next receive, whole. */
 static void expect_frame(struct rawq *q, uint16_t dport, uint8_t tag)
 {
 	uint8_t want[FRAME];
 	struct ibv_wc wc;
-	sv_poll_one(q->cq, &wc);
+	CHECKF(next_own(q, &wc, SV_WAIT_MS), "no frame within %d ms", SV_WAIT_MS);
 	CHECK_STATUS(wc, IBV_WC_SUCCESS);
 	CHECK_OPCODE(wc, IBV_WC_RECV);
 	CHECK_EQ(wc.qp_num, q->qp->qp_num);
@@ -151,7 +170,7 @@ static void expect_nothing_cq(struct ibv_cq *cq)
 static void expect_nothing(struct rawq *q, const char *what)
 {
 	struct ibv_wc wc;
-	CHECKF(sv_poll(q->cq, 1, &wc, SV_QUIET_MS) == 0, "%s: a frame arrived (wr_id %llu)", what,
+	CHECKF(!next_own(q, &wc, SV_QUIET_MS), "%s: a frame arrived (wr_id %llu)", what,
 	       (unsigned long long)wc.wr_id);
 }
 
@@ -422,6 +441,13 @@ int main(void)
 	struct sv_dev d;
 	struct rawq a, b, c;
 	sv_init(NAME);
+	const uint32_t me = (uint32_t)getpid();
+	kGroupMac[3] = (uint8_t)((me >> 16) & 0x7f);
+	kGroupMac[4] = (uint8_t)(me >> 8);
+	kGroupMac[5] = (uint8_t)me;
+	memcpy(kSrcMac + 2, &me, 4);
+	sv_step("frames from %02x:%02x:%02x:%02x:%02x:%02x", kSrcMac[0], kSrcMac[1], kSrcMac[2],
+		kSrcMac[3], kSrcMac[4], kSrcMac[5]);
 	sv_open(&d);
 
 	sv_step("a raw packet QP needs CAP_NET_RAW");
@@ -595,6 +621,8 @@ int main(void)
 		r.attr.port = 1;
 		r.eth.type = IBV_FLOW_SPEC_ETH;
 		r.eth.size = sizeof(r.eth);
+		memcpy(r.eth.val.dst_mac, kGroupMac, 6);
+		memset(r.eth.mask.dst_mac, 0xff, 6);
 		r.eth.val.vlan_tag = htons(0x0123);
 		r.eth.mask.vlan_tag = htons(0x0fff);
 		r.eth.val.ether_type = htons(0x0800);
@@ -616,8 +644,7 @@ int main(void)
 		struct ibv_wc wc;
 		CHECK_OK(sv_post_send(a.qp, 11, a.mr, (size_t)(SLOTS - 1) * FRAME, FRAME, 0));
 		sv_expect_wc(a.cq, 11, IBV_WC_SUCCESS, a.qp, &wc);
-		sv_poll_one(c.cq, &wc);
-		CHECK_STATUS(wc, IBV_WC_SUCCESS);
+		CHECKF(next_own(&c, &wc, SV_WAIT_MS), "no tagged frame within %d ms", SV_WAIT_MS);
 		CHECK_EQ(wc.byte_len, FRAME);
 		CHECKF(memcmp(sv_ptr(c.mr, (size_t)(wc.wr_id - 100) * FRAME), sent, FRAME) == 0,
 		       "the tagged frame did not arrive as sent");

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,6 +32,17 @@ namespace softverbs::wire::ether {
 namespace {
 
 constexpr size_t kEthHeader = 14, kVlanTag = 4;
+// A poller seen within this keeps the receiver thread off the socket, which looks again
+// this often meanwhile (a timer, not a spin).
+constexpr int64_t kPollerGraceNs = 2'000'000;
+constexpr int kParkedLookMs = 10;
+std::atomic<int> g_receiving{0};
+
+int64_t steady_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
 
 struct Port {
   std::mutex mu;
@@ -40,10 +52,16 @@ struct Port {
   size_t mtu = 1500;
   bool loopback = false;  // lo: every frame comes back in; its outgoing copy is a duplicate
   bool promiscuous = false;  // the receiver's PACKET_MR_PROMISC membership
+  uint64_t promisc_generation = 0;
   uint8_t mac[6] = {};
   int receivers = 0;  // flows holding the receiver
-  int recv_fd = -1;
+  int recv_fd = -1;   // also under read_mu: pollers read it there
   int stop_fd = -1;
+  int wake_fd = -1;   // stop_polling: watch the socket again now
+  // Who reads the socket: the receiver thread or a polling application thread, one at a
+  // time, so frames are steered in the order they came.
+  std::mutex read_mu;
+  std::atomic<int64_t> app_polled_ns{0};  // the last empty poll of a raw-fed CQ
   FrameHandler handler = nullptr;
   std::thread thread;
   Port* before_fork = nullptr;  // the parent's state in a forked child: kept, never used
@@ -58,7 +76,7 @@ void forget_parent_port() {
   Port* old = the_port;
   the_port = new Port;
   the_port->before_fork = old;  // still reachable: not a leak to LeakSanitizer
-  for (int fd : {old->send_fd.load(), old->recv_fd, old->stop_fd})
+  for (int fd : {old->send_fd.load(), old->recv_fd, old->stop_fd, old->wake_fd})
     if (fd >= 0) close(fd);
 }
 
@@ -137,55 +155,74 @@ int open_bound(const Port& p, uint16_t protocol, int* fd) {
 // drains (all of lo's traffic passes here) must not keep release_receiver waiting.
 constexpr int kFramesPerPoll = 64;
 
-void receive_loop(Port* p, int fd, int stop_fd, FrameHandler handler) {
-  // Room for the largest frame any interface (lo: 64 KiB MTU) hands us, with 4 bytes in
-  // front for a VLAN tag the kernel took off (below).
-  std::vector<uint8_t> buf(kVlanTag + 65536 + kEthHeader + kVlanTag);
-  uint8_t* const frame_at = buf.data() + kVlanTag;
-  const size_t room = buf.size() - kVlanTag;
+// Room for the largest frame any interface (lo: 64 KiB MTU) hands us, with 4 bytes in front
+// for a VLAN tag the kernel took off (below).
+constexpr size_t kRxBuffer = kVlanTag + 65536 + kEthHeader + kVlanTag;
+
+// Takes one frame off the socket and hands it to `handler`; false when none waits.
+// Caller holds p->read_mu.
+bool receive_one(Port* p, int fd, uint8_t* buf, FrameHandler handler) {
+  uint8_t* const frame_at = buf + kVlanTag;
+  const size_t room = kRxBuffer - kVlanTag;
   alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(tpacket_auxdata))];
-  pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
   for (;;) {
-    if (poll(fds, 2, -1) < 0) {
+    sockaddr_ll from{};
+    iovec v{frame_at, room};
+    msghdr msg{};
+    msg.msg_name = &from;
+    msg.msg_namelen = sizeof(from);
+    msg.msg_iov = &v;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0) return false;  // EAGAIN: drained
+    if (static_cast<size_t>(n) > room || static_cast<size_t>(n) < kEthHeader) continue;
+    bool outgoing = from.sll_pkttype == PACKET_OUTGOING;
+    if (outgoing && p->loopback) continue;  // lo hands it to us again as it comes in
+    // The kernel takes an 802.1Q tag off before packet sockets see the frame (and a NIC
+    // with VLAN offload does too); the tag is in the aux data. A raw QP gets the frame as
+    // it was on the wire, tag included: put it back.
+    uint8_t* frame = frame_at;
+    size_t len = static_cast<size_t>(n);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_PACKET || c->cmsg_type != PACKET_AUXDATA) continue;
+      tpacket_auxdata aux;
+      std::memcpy(&aux, CMSG_DATA(c), sizeof(aux));
+      if (!(aux.tp_status & TP_STATUS_VLAN_VALID)) break;
+      uint16_t tpid = htons((aux.tp_status & TP_STATUS_VLAN_TPID_VALID) ? aux.tp_vlan_tpid : 0x8100);
+      uint16_t tci = htons(aux.tp_vlan_tci);
+      frame = buf;
+      std::memmove(frame, frame_at, 12);  // the MACs move up; the tag goes after them
+      std::memcpy(frame + 12, &tpid, 2);
+      std::memcpy(frame + 14, &tci, 2);
+      len += kVlanTag;
+      break;
+    }
+    handler(frame, len, outgoing);
+    return true;
+  }
+}
+
+void receive_loop(Port* p, int fd, int stop_fd, int wake_fd, FrameHandler handler) {
+  std::vector<uint8_t> buf(kRxBuffer);
+  for (;;) {
+    // An application thread polling the CQs takes the frames itself: stay off the socket
+    // (no wake-up per frame on its CPU) and look again later, or when told.
+    const bool parked = steady_ns() - p->app_polled_ns.load(std::memory_order_relaxed) < kPollerGraceNs;
+    pollfd fds[3] = {{parked ? -1 : fd, POLLIN, 0}, {stop_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    if (poll(fds, 3, parked ? kParkedLookMs : -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[1].revents) return;
-    for (int k = 0; k < kFramesPerPoll; ++k) {
-      sockaddr_ll from{};
-      iovec v{frame_at, room};
-      msghdr msg{};
-      msg.msg_name = &from;
-      msg.msg_namelen = sizeof(from);
-      msg.msg_iov = &v;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC);
-      if (n < 0) break;  // EAGAIN: drained
-      if (static_cast<size_t>(n) > room || static_cast<size_t>(n) < kEthHeader) continue;
-      bool outgoing = from.sll_pkttype == PACKET_OUTGOING;
-      if (outgoing && p->loopback) continue;  // lo hands it to us again as it comes in
-      // The kernel takes an 802.1Q tag off before packet sockets see the frame (and a NIC
-      // with VLAN offload does too); the tag is in the aux data. A raw QP gets the frame
-      // as it was on the wire, tag included: put it back.
-      uint8_t* frame = frame_at;
-      size_t len = static_cast<size_t>(n);
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_PACKET || c->cmsg_type != PACKET_AUXDATA) continue;
-        tpacket_auxdata aux;
-        std::memcpy(&aux, CMSG_DATA(c), sizeof(aux));
-        if (!(aux.tp_status & TP_STATUS_VLAN_VALID)) break;
-        uint16_t tpid = htons((aux.tp_status & TP_STATUS_VLAN_TPID_VALID) ? aux.tp_vlan_tpid : 0x8100);
-        uint16_t tci = htons(aux.tp_vlan_tci);
-        frame = buf.data();
-        std::memmove(frame, frame_at, 12);  // the MACs move up; the tag goes after them
-        std::memcpy(frame + 12, &tpid, 2);
-        std::memcpy(frame + 14, &tci, 2);
-        len += kVlanTag;
-        break;
-      }
-      handler(frame, len, outgoing);
+    if (fds[2].revents) {
+      uint64_t v;
+      (void)!read(wake_fd, &v, sizeof(v));
+    }
+    if (!(fds[0].revents & POLLIN)) continue;
+    std::lock_guard<std::mutex> lock(p->read_mu);
+    for (int k = 0; k < kFramesPerPoll && receive_one(p, fd, buf.data(), handler); ++k) {
     }
   }
 }
@@ -246,9 +283,32 @@ size_t max_frame() {
 
 const uint8_t* own_mac() { return port().mac; }
 
-void set_promiscuous(bool on) {
+bool receiving() { return g_receiving.load(std::memory_order_relaxed) > 0; }
+
+int poll_frames(int max) {
+  Port& p = port();
+  p.app_polled_ns.store(steady_ns(), std::memory_order_relaxed);
+  std::unique_lock<std::mutex> read(p.read_mu, std::try_to_lock);
+  if (!read.owns_lock() || p.recv_fd < 0 || !p.handler) return 0;  // the thread is at it
+  thread_local std::vector<uint8_t> buf(kRxBuffer);
+  int n = 0;
+  while (n < max && receive_one(&p, p.recv_fd, buf.data(), p.handler)) ++n;
+  return n;
+}
+
+void stop_polling() {
+  Port& p = port();
+  if (p.app_polled_ns.exchange(0, std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(p.mu);
+  uint64_t one = 1;
+  if (p.wake_fd >= 0) (void)!write(p.wake_fd, &one, sizeof(one));
+}
+
+void set_promiscuous(bool on, uint64_t generation) {
   Port& p = port();
   std::lock_guard<std::mutex> lock(p.mu);
+  if (generation < p.promisc_generation) return;  // a newer answer was applied already
+  p.promisc_generation = generation;
   if (p.recv_fd < 0 || p.promiscuous == on) return;
   set_membership(p, p.recv_fd, PACKET_MR_PROMISC, on);
   p.promiscuous = on;
@@ -292,38 +352,55 @@ int hold_receiver(FrameHandler handler) {
   set_membership(p, fd, PACKET_MR_ALLMULTI, true);
   p.promiscuous = false;
   int stop = eventfd(0, EFD_CLOEXEC);
-  if (stop < 0) {
+  int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop < 0 || wake < 0) {
     int err = errno;
     close(fd);
+    if (stop >= 0) close(stop);
+    if (wake >= 0) close(wake);
     return err;
   }
-  p.recv_fd = fd;
+  {
+    std::lock_guard<std::mutex> read(p.read_mu);  // what a poller reads
+    p.handler = handler;
+    p.recv_fd = fd;
+  }
   p.stop_fd = stop;
-  p.handler = handler;
-  p.thread = std::thread(receive_loop, &p, fd, stop, handler);
+  p.wake_fd = wake;
+  p.app_polled_ns.store(0, std::memory_order_relaxed);
+  p.thread = std::thread(receive_loop, &p, fd, stop, wake, handler);
   p.receivers = 1;
+  g_receiving.fetch_add(1, std::memory_order_relaxed);
   return 0;
 }
 
 void release_receiver() {
   Port& p = port();
   std::thread done;
-  int fd, stop;
+  int fd, stop, wake;
   {
     std::lock_guard<std::mutex> lock(p.mu);
     if (p.receivers == 0 || --p.receivers > 0) return;
+    g_receiving.fetch_sub(1, std::memory_order_relaxed);
     done = std::move(p.thread);
     fd = p.recv_fd;
     stop = p.stop_fd;
-    p.recv_fd = p.stop_fd = -1;
+    wake = p.wake_fd;
+    p.stop_fd = p.wake_fd = -1;
     uint64_t one = 1;
     if (write(stop, &one, sizeof(one)) < 0) { /* the thread still sees the fd close below */ }
   }
   // Outside the lock: the thread may be in the handler, which takes the flows' lock.
   if (done.joinable() && done.get_id() != std::this_thread::get_id()) done.join();
   else if (done.joinable()) done.detach();
+  {
+    std::lock_guard<std::mutex> lock(p.mu);       // set_promiscuous reads it there
+    std::lock_guard<std::mutex> read(p.read_mu);  // no poller is in the socket now
+    if (p.recv_fd == fd) p.recv_fd = -1;
+  }
   close(fd);
   close(stop);
+  close(wake);
 }
 
 }  // namespace softverbs::wire::ether

@@ -37,12 +37,22 @@ using FrameHandler = void (*)(const uint8_t* frame, size_t len, bool outgoing);
 // handler is called on that thread, one frame at a time. 0 or an errno.
 int hold_receiver(FrameHandler handler);
 void release_receiver();
+// A thread polling a CQ fed by raw QPs takes the frames waiting on the receiver's socket
+// itself (at most `max`; how many it took), in order with the receiver thread's. While one
+// does, the receiver thread stops watching the socket (it looks again every few ms, or at
+// once after stop_polling): a frame costs no thread wake-up then.
+int poll_frames(int max);
+void stop_polling();  // the application is about to wait for an event
+// Whether a receiver runs (rules exist): a load, for the empty-poll path.
+bool receiving();
+
 // The interface's own MAC (zero for lo): an outgoing frame loops back to this host's raw
 // QPs when it is addressed to it, or to a group.
 const uint8_t* own_mac();
 // While rules want frames to other hosts' MACs (sniffers, catch-alls, rules on another
 // unicast MAC), the receiver takes every frame on the link (promiscuous), as a NIC's
 // steering sees what the wire brings. Group frames it always takes.
-void set_promiscuous(bool on);
+// `generation` orders concurrent callers: an older answer than the last applied is ignored.
+void set_promiscuous(bool on, uint64_t generation);
 
 }  // namespace softverbs::wire::ether
