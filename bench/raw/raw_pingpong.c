@@ -6,7 +6,8 @@
  * Frames go to a group MAC (so the interface's loopback hands them over on any link), UDP
  * port 5001 for pings and 5002 for pongs; each side takes only its port. The client prints
  * "rtt_median_us X rtt_mean_us Y" over ITERS round trips (after 1,000 not counted). Both
- * sides busy-poll: ibv_poll_cq, or recv(MSG_DONTWAIT).
+ * sides busy-poll: ibv_poll_cq, or recv(MSG_DONTWAIT). RAW_PINGPONG_EVENTS=1: the verbs
+ * sides wait for receives through a completion channel instead (arm, poll, sleep).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -137,7 +138,9 @@ static int run_verbs(int client, int iters, size_t size)
 	struct ibv_context *ctx = ibv_open_device(list[0]);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_cq *scq = ibv_create_cq(ctx, 2 * SLOTS, NULL, NULL, 0);
-	struct ibv_cq *rcq = ibv_create_cq(ctx, 2 * SLOTS, NULL, NULL, 0);
+	const int events = getenv("RAW_PINGPONG_EVENTS") != NULL;
+	struct ibv_comp_channel *ch = events ? ibv_create_comp_channel(ctx) : NULL;
+	struct ibv_cq *rcq = ibv_create_cq(ctx, 2 * SLOTS, NULL, ch, 0);
 	uint8_t *buf = aligned_alloc(4096, (SLOTS + 1) * 16384);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, (SLOTS + 1) * 16384, IBV_ACCESS_LOCAL_WRITE);
 	if (!ctx || !pd || !scq || !rcq || !mr)
@@ -198,6 +201,18 @@ static int run_verbs(int client, int iters, size_t size)
 		if (client && ibv_post_send(qp, &swr, &sbad))
 			die("post_send");
 		while ((n = ibv_poll_cq(rcq, 1, &wc)) == 0) {
+			if (!events)
+				continue;
+			/* The usual event loop: arm, poll once more, then sleep. */
+			if (ibv_req_notify_cq(rcq, 0))
+				die("req_notify");
+			if ((n = ibv_poll_cq(rcq, 1, &wc)) != 0)
+				break;
+			struct ibv_cq *ev_cq;
+			void *ev_ctx;
+			if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx))
+				die("get_cq_event");
+			ibv_ack_cq_events(ev_cq, 1);
 		}
 		if (n < 0 || wc.status != IBV_WC_SUCCESS)
 			die("receive completion");

@@ -125,8 +125,9 @@ Outcome send_raw(Qp* qp, const iovec* local, int nlocal, uint64_t len);
 int attach_flow(Qp* qp, FlowRule rule, uint64_t* handle);
 void detach_flow(uint64_t handle);
 bool raw_qp_has_flows(Qp* qp);
-// An empty poll of a raw-fed CQ (Cq::raw_fed) takes the frames waiting (true: some were
-// steered, to this CQ or another); raw_poll_stop before the application waits for an event.
+// An empty poll of a raw-fed CQ (Cq::raw_fed) takes the frames waiting on the port's socket
+// (true: it took some, for whichever QPs their rules name, or none); raw_poll_stop before
+// the application waits for an event.
 bool raw_receiving();
 bool raw_poll();
 void raw_poll_stop();

@@ -159,6 +159,7 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
     if (wire::roce::PcapWriter* w = trace_writer()) {
       iovec v{const_cast<uint8_t*>(frame), len};
       w->write_frame(&v, 1, len);
+      w->flush();  // a process may end with _exit
     }
   // Under the lock: a QP with rules cannot be destroyed, and its rules go only through it.
   for (Qp* qp : to) {
@@ -179,7 +180,10 @@ void raw_qp_destroyed(Qp* qp) {
 Outcome send_raw(Qp*, const iovec* local, int nlocal, uint64_t len) {
   if (wire::ether::send_frame(local, nlocal, len) != 0)
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
-  if (wire::roce::PcapWriter* w = trace_writer()) w->write_frame(local, nlocal, len);
+  if (wire::roce::PcapWriter* w = trace_writer()) {
+    w->write_frame(local, nlocal, len);
+    w->flush();  // a process may end with _exit
+  }
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 

@@ -455,8 +455,7 @@ void creator_died(pid_t pid) {
   std::lock_guard<std::mutex> lock(g_remote_mu);
   for (auto& [qpn, h] : g_remote_handles) {
     if (h->xrc_remote_pid != pid || h->xrc_remote_dead.exchange(true)) continue;
-    h->state.store(IBV_QPS_ERR);
-    h->qp()->state = IBV_QPS_ERR;
+    h->state.store(IBV_QPS_ERR);  // (ibv_qp::state is the application's threads': query sets it)
     ibv_async_event ev{};
     ev.element.qp = h->qp();
     ev.event_type = IBV_EVENT_QP_FATAL;
@@ -532,8 +531,16 @@ ibv_qp* open_remote_tgt(Context* ctx, Xrcd* xrcd, ibv_qp_open_attr* attr) {
     errno = d->shared ? ENOENT : EINVAL;
     return nullptr;
   }
+  // The process that hosts it, as it was before the open: a slot that changed hands
+  // meanwhile (its process died, a newcomer took it) answered for a QP that is gone.
+  const pid_t host = wire::slot_owner(slot);
   if (int err = wire::agent_xrc(slot, wire::XrcOp::Open, qpn, d->dev, d->ino, nullptr, 0)) {
     errno = err == ENXIO ? ENOENT : err;
+    return nullptr;
+  }
+  if (host <= 0 || wire::slot_owner(slot) != host) {
+    wire::agent_xrc(slot, wire::XrcOp::Close, qpn, 0, 0, nullptr, 0);
+    errno = ENOENT;
     return nullptr;
   }
   Qp* h = new_tgt_handle(ctx, xrcd, attr);
@@ -542,7 +549,7 @@ ibv_qp* open_remote_tgt(Context* ctx, Xrcd* xrcd, ibv_qp_open_attr* attr) {
     return nullptr;
   }
   h->xrc_remote_slot = slot;
-  h->xrc_remote_pid = wire::slot_owner(slot);
+  h->xrc_remote_pid = host;
   ibv_qp_attr a{};
   if (wire::agent_xrc(slot, wire::XrcOp::Query, qpn, 0, 0, &a, 0) == 0) h->qp()->state = a.qp_state;
   {

@@ -23,12 +23,16 @@ src=$(sed -n 's/^-- frames from \([0-9a-f:]*\)$/\1/p' <<<"$out")
 tshark -r "$dir/raw.pcap" -n -Y "eth.src == $src" -T fields -E separator='|' \
   -e frame.protocols -e vlan.id -e udp.dstport -e frame.len > "$dir/fields.txt"
 sort "$dir/fields.txt" | uniq -c
-# What the test's raw QPs sent and took: to port 5678 (b's rule) 9 sends + 9 receptions
-# (2, 5, 8, 9: b; 4, 5, 9: c ...) at least; the tagged frame to 7777 sent and taken by c.
-n5678=$(grep -c '|5678|128$' "$dir/fields.txt" || true)
-((n5678 >= 18)) || fail "$n5678 frames to UDP 5678, at least 18 expected"
-grep -q '^eth:ethertype:vlan:ethertype:ip:udp.*|291|7777|128$' "$dir/fields.txt" ||
-  fail "the 802.1Q frame (VLAN 0x123, UDP 7777) is not there as sent"
+# What the one-process run sends and takes, each frame once per direction: to UDP 5678, 7
+# sent (tags 1, 2, 4, 5, 6, 8, 9) + 16 RSS frames = 23, and taken: 2, 4, 5, 8, 9 (5 and 9 by
+# two QPs: recorded once) + the 16 RSS ones = 21, so 44; to 4444 one sent, one taken (c's
+# MC_DEFAULT); to 9999 one sent, none taken; the tagged frame to 7777 sent and taken by c.
+count() { grep -c "$1" "$dir/fields.txt" || true; }
+n=$(count '|5678|128$'); ((n == 44)) || fail "$n frames to UDP 5678, 44 expected (23 sent, 21 taken)"
+n=$(count '|4444|128$'); ((n == 2)) || fail "$n frames to UDP 4444, 2 expected (sent, taken)"
+n=$(count '|9999|128$'); ((n == 1)) || fail "$n frames to UDP 9999, 1 expected (sent only)"
+n=$(count '^eth:ethertype:vlan:ethertype:ip:udp.*|291|7777|128$')
+((n == 2)) || fail "$n 802.1Q frames (VLAN 0x123, UDP 7777) as sent, 2 expected (sent, taken)"
 ! grep -qv '^eth:ethertype:' "$dir/fields.txt" || fail "a frame that is not Ethernet"
 tshark -r "$dir/raw.pcap" -n -q -z "expert,error,eth.src == $src" > "$dir/expert.txt" 2>&1
 cat "$dir/expert.txt"

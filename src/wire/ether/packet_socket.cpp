@@ -62,6 +62,9 @@ struct Port {
   // time, so frames are steered in the order they came.
   std::mutex read_mu;
   std::atomic<int64_t> app_polled_ns{0};  // the last empty poll of a raw-fed CQ
+  // Set by stop_polling (the application armed a CQ to wait): its polls do not keep the
+  // thread off the socket until one of them takes a frame itself (it is polling again).
+  std::atomic<bool> waiter{false};
   FrameHandler handler = nullptr;
   std::thread thread;
   Port* before_fork = nullptr;  // the parent's state in a forked child: kept, never used
@@ -76,6 +79,7 @@ void forget_parent_port() {
   Port* old = the_port;
   the_port = new Port;
   the_port->before_fork = old;  // still reachable: not a leak to LeakSanitizer
+  g_receiving.store(0, std::memory_order_relaxed);
   for (int fd : {old->send_fd.load(), old->recv_fd, old->stop_fd, old->wake_fd})
     if (fd >= 0) close(fd);
 }
@@ -287,17 +291,23 @@ bool receiving() { return g_receiving.load(std::memory_order_relaxed) > 0; }
 
 int poll_frames(int max) {
   Port& p = port();
-  p.app_polled_ns.store(steady_ns(), std::memory_order_relaxed);
+  // The usual event loop arms, polls the CQ empty once more, then sleeps: that last poll
+  // must not send the thread off the socket (the frame it waits for would wait for the
+  // thread's next look).
+  const bool waiting = p.waiter.load(std::memory_order_relaxed);
+  if (!waiting) p.app_polled_ns.store(steady_ns(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> read(p.read_mu, std::try_to_lock);
   if (!read.owns_lock() || p.recv_fd < 0 || !p.handler) return 0;  // the thread is at it
   thread_local std::vector<uint8_t> buf(kRxBuffer);
   int n = 0;
   while (n < max && receive_one(&p, p.recv_fd, buf.data(), p.handler)) ++n;
+  if (n > 0 && waiting) p.waiter.store(false, std::memory_order_relaxed);  // polling again
   return n;
 }
 
 void stop_polling() {
   Port& p = port();
+  p.waiter.store(true, std::memory_order_relaxed);
   if (p.app_polled_ns.exchange(0, std::memory_order_relaxed) == 0) return;
   std::lock_guard<std::mutex> lock(p.mu);
   uint64_t one = 1;
