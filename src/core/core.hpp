@@ -40,7 +40,9 @@ void for_each_cq(const std::function<void(Cq*)>& fn);
 // Completions (core/cq_ring.cpp).
 // Adds a completion; returns false if the CQ overran (the CQ and its QPs are then in error).
 // `tm`: a tag matching completion's ibv_wc_read_tm_info (kept when the CQ asked for it).
-bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited, const ibv_wc_tm_info* tm = nullptr);
+// `flow_tag`: a raw packet QP's receive steered by a rule with IBV_FLOW_SPEC_ACTION_TAG.
+bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited, const ibv_wc_tm_info* tm = nullptr,
+             uint32_t flow_tag = 0);
 // While on (per thread), completions are held back and added when it is turned off. The
 // agent answers a peer before the target's completions become visible: a target that exits
 // as soon as it sees a message must not take the requester's acknowledgement with it.

@@ -35,7 +35,7 @@ CqeStamp take_stamp(unsigned kinds) {
 // `held`: the stamp of a completion that was held back (defer_completions), else nullptr:
 // it is taken here, under the lock, so that stamps follow the ring's order.
 bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held,
-              const ibv_wc_tm_info* tm) {
+              const ibv_wc_tm_info* tm, uint32_t flow_tag) {
   bool failed = false, first_failure = false;
   ArmStep step;
   {
@@ -55,7 +55,10 @@ bool push_now(Cq* cq, const ibv_wc& wc, bool solicited, const CqeStamp* held,
       cq->ring[slot] = wc;
       if (cq->stamp_kinds) {
         CqeStamp stamp = held ? *held : take_stamp(cq->stamp_kinds);
-        if (!held) stamp.tm = tm ? *tm : ibv_wc_tm_info{};
+        if (!held) {
+          stamp.tm = tm ? *tm : ibv_wc_tm_info{};
+          stamp.flow_tag = flow_tag;
+        }
         // A held-back completion was generated before others that went in meanwhile: its
         // raw stamp is raised to theirs, so that completion_ts never goes back in a CQ.
         if (stamp.raw < cq->last_raw) stamp.raw = cq->last_raw;
@@ -87,7 +90,7 @@ void defer_completions(bool on) {
   }
   t_deferred = nullptr;
   for (const DeferredCqe& d : held) {
-    push_now(d.cq, d.wc, d.solicited, &d.stamp, nullptr);
+    push_now(d.cq, d.wc, d.solicited, &d.stamp, nullptr, 0);
     d.cq->held_back.fetch_sub(1, std::memory_order_release);
   }
   held.clear();
@@ -95,16 +98,17 @@ void defer_completions(bool on) {
 
 bool completions_deferred() { return t_deferred != nullptr; }
 
-bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited, const ibv_wc_tm_info* tm) {
+bool cq_push(Cq* cq, const ibv_wc& wc, bool solicited, const ibv_wc_tm_info* tm, uint32_t flow_tag) {
   if (t_deferred) {
     cq->held_back.fetch_add(1, std::memory_order_relaxed);
     CqeStamp stamp;
     if (cq->stamp_kinds) stamp = take_stamp(cq->stamp_kinds);
     if (tm) stamp.tm = *tm;
+    stamp.flow_tag = flow_tag;
     t_deferred->push_back({cq, wc, solicited, stamp});
     return true;
   }
-  return push_now(cq, wc, solicited, nullptr, tm);
+  return push_now(cq, wc, solicited, nullptr, tm, flow_tag);
 }
 
 void cq_purge_qp(Cq* cq, uint32_t qpn) {

@@ -86,11 +86,20 @@ int parse_flow(const ibv_flow_attr* attr, FlowRule* out) {
         out->drop = true;
         at += size;
         continue;
+      case IBV_FLOW_SPEC_ACTION_TAG: {
+        // As mlx5 takes it: 24 bits (the CQE's flow tag field).
+        ibv_flow_spec_action_tag t;
+        if (size < sizeof(t)) return EINVAL;
+        std::memcpy(&t, at, sizeof(t));
+        if (t.tag_id > 0xffffff) return EINVAL;
+        out->tag = t.tag_id;
+        at += size;
+        continue;
+      }
       case IBV_FLOW_SPEC_ESP:
       case IBV_FLOW_SPEC_VXLAN_TUNNEL:
       case IBV_FLOW_SPEC_GRE:
       case IBV_FLOW_SPEC_MPLS:
-      case IBV_FLOW_SPEC_ACTION_TAG:
       case IBV_FLOW_SPEC_ACTION_HANDLE:
       case IBV_FLOW_SPEC_ACTION_COUNT:
         return EOPNOTSUPP;

@@ -17,6 +17,7 @@ struct FlowRule {
   uint16_t priority = 0;
   bool dont_trap = false;
   bool drop = false;  // IBV_FLOW_SPEC_ACTION_DROP: matching frames go nowhere
+  uint32_t tag = 0;   // IBV_FLOW_SPEC_ACTION_TAG: the receives' flow tag (0: none)
   // One entry per spec (value already masked).
   struct Spec {
     ibv_flow_spec_type type;
@@ -33,8 +34,8 @@ struct FlowRule {
 
 // Reads the attr->num_of_specs specs that follow `attr`, each as long as its size says (as
 // rdma-core walks them): 0, EINVAL for a malformed list (an unknown spec type, a spec
-// smaller than its struct), EOPNOTSUPP for what softverbs does not steer on (tunnels, GRE,
-// MPLS, ESP, inner headers, tags, counters, flow actions).
+// smaller than its struct, a tag past 24 bits), EOPNOTSUPP for what softverbs does not
+// steer on (tunnels, GRE, MPLS, ESP, inner headers, counters, flow actions).
 int parse_flow(const ibv_flow_attr* attr, FlowRule* out);
 
 // The headers of one frame, as far as it has them.

@@ -279,10 +279,11 @@ struct CompChannel {
 // A completion's timestamps (ibv_wc_read_completion_ts / _wallclock_ns), taken only for
 // the kinds its CQ asked for.
 struct CqeStamp {
-  static constexpr unsigned kRaw = 1, kWall = 2, kTm = 4;
+  static constexpr unsigned kRaw = 1, kWall = 2, kTm = 4, kFlowTag = 8;
   uint64_t raw = 0;   // the completion clock (core/completion_clock.hpp)
   uint64_t wall = 0;  // CLOCK_REALTIME, ns
   ibv_wc_tm_info tm{};  // kTm: ibv_wc_read_tm_info (tag matching completions)
+  uint32_t flow_tag = 0;  // kFlowTag: ibv_wc_read_flow_tag (raw packet QPs' tagged rules)
 };
 
 struct Cq {

@@ -133,8 +133,9 @@ bool raw_poll();
 void raw_poll_stop();
 // Responder: one frame into raw QP t's next receive (none posted: the frame is lost), or,
 // for an RSS QP, into WQ wq's (completing on the WQ's CQ, qp_num the WQ's number).
-void deliver_frame(Qp* t, const uint8_t* frame, size_t len);
-void deliver_frame_to_wq(Qp* rss, Wq* wq, const uint8_t* frame, size_t len);
+// `flow_tag`: the tag of the rule that steered it (0: none), for ibv_wc_read_flow_tag.
+void deliver_frame(Qp* t, const uint8_t* frame, size_t len, uint32_t flow_tag);
+void deliver_frame_to_wq(Qp* rss, Wq* wq, const uint8_t* frame, size_t len, uint32_t flow_tag);
 
 // The 40-byte GRH slot of a UD receive, as a RoCE v2 NIC fills it: an IPv4 header in the
 // last 20 bytes for IPv4-mapped GIDs, an IPv6-format GRH otherwise.

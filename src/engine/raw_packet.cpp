@@ -95,10 +95,16 @@ Promiscuity promiscuity_locked(Steering& s) {
   return {any, ++s.promisc_generation};
 }
 
-void add_once(std::vector<Qp*>& to, Qp* qp) {
-  for (Qp* q : to)
-    if (q == qp) return;
-  to.push_back(qp);
+// A QP a frame goes to, with the tag of the rule that took it there (the first, if several).
+struct Taker {
+  Qp* qp;
+  uint32_t tag;
+};
+
+void add_once(std::vector<Taker>& to, Qp* qp, uint32_t tag) {
+  for (const Taker& t : to)
+    if (t.qp == qp) return;
+  to.push_back({qp, tag});
 }
 
 // The WQ of an RSS QP a frame goes to: its hash over the fields the QP asked for, in
@@ -132,19 +138,19 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
   const bool comes_back = !outgoing || group || std::memcmp(frame, wire::ether::own_mac(), 6) == 0;
   Steering& s = steering();
   std::lock_guard<std::mutex> lock(s.mu);
-  std::vector<Qp*> to;
+  std::vector<Taker> to;
   bool trapped = false;
   int trapped_priority = -1;
   for (const Entry& e : s.entries) {
     const FlowRule& r = e.rule;
     if (r.type == IBV_FLOW_ATTR_SNIFFER) {
-      add_once(to, e.qp);
+      add_once(to, e.qp, r.tag);
       continue;
     }
     if (r.type != IBV_FLOW_ATTR_NORMAL || !comes_back) continue;
     if (trapped && r.priority != trapped_priority) continue;
     if (!flow_matches(r, h)) continue;
-    if (!r.drop) add_once(to, e.qp);
+    if (!r.drop) add_once(to, e.qp, r.tag);
     if (!r.dont_trap) {
       trapped = true;
       trapped_priority = r.priority;
@@ -153,7 +159,7 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
   if (!trapped && comes_back)
     for (const Entry& e : s.entries)
       if (e.rule.type == IBV_FLOW_ATTR_ALL_DEFAULT || (group && e.rule.type == IBV_FLOW_ATTR_MC_DEFAULT))
-        add_once(to, e.qp);
+        add_once(to, e.qp, e.rule.tag);
   // `softverbs trace`: a frame this process's QPs took, once however many took it.
   if (!to.empty())
     if (wire::roce::PcapWriter* w = trace_writer()) {
@@ -162,9 +168,9 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
       w->flush();  // a process may end with _exit
     }
   // Under the lock: a QP with rules cannot be destroyed, and its rules go only through it.
-  for (Qp* qp : to) {
-    if (qp->rss) deliver_frame_to_wq(qp, pick_wq(*qp->rss, h), frame, len);
-    else deliver_frame(qp, frame, len);
+  for (const Taker& t : to) {
+    if (t.qp->rss) deliver_frame_to_wq(t.qp, pick_wq(*t.qp->rss, h), frame, len, t.tag);
+    else deliver_frame(t.qp, frame, len, t.tag);
   }
 }
 

@@ -246,7 +246,7 @@ Outcome deliver_receive(const wire::Request& req, const Target& tg, bool payload
   }
   wc.status = IBV_WC_SUCCESS;
   rq.consume();
-  cq_push(tg.recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0);
+  cq_push(tg.recv_cq, wc, (req.flags & IBV_SEND_SOLICITED) != 0, nullptr, req.flow_tag);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 
@@ -545,8 +545,9 @@ Outcome respond_xrc(const wire::Request& req, const wire::XrcTarget& x, int* tgt
 namespace {
 
 // A frame in this process's memory as the request its receive answers: copied, not fetched.
-wire::Request frame_request(const iovec* frame) {
+wire::Request frame_request(const iovec* frame, uint32_t flow_tag) {
   wire::Request req;
+  req.flow_tag = flow_tag;
   req.type = IBV_QPT_RAW_PACKET;
   req.opcode = IBV_WR_SEND;
   req.length = frame->iov_len;
@@ -558,22 +559,22 @@ wire::Request frame_request(const iovec* frame) {
 
 }  // namespace
 
-void deliver_frame(Qp* t, const uint8_t* frame, size_t len) {
+void deliver_frame(Qp* t, const uint8_t* frame, size_t len, uint32_t flow_tag) {
   // A raw QP receives from RTR on; a frame for one in RESET, INIT or ERR is lost.
   int st = t->state.load();
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
   iovec v{const_cast<uint8_t*>(frame), len};
-  deliver_receive(frame_request(&v), Target(t), true, 0);
+  deliver_receive(frame_request(&v, flow_tag), Target(t), true, 0);
 }
 
-void deliver_frame_to_wq(Qp* rss, Wq* wq, const uint8_t* frame, size_t len) {
+void deliver_frame_to_wq(Qp* rss, Wq* wq, const uint8_t* frame, size_t len, uint32_t flow_tag) {
   // An RSS QP has no states of its own that matter (it is never moved out of RESET, as
   // on mlx5); its WQ receives when RDY.
   if (wq->state.load() != IBV_WQS_RDY) return;
   iovec v{const_cast<uint8_t*>(frame), len};
   Target tg(rss, wq->rq);  // the WQ's receives, its PD, its CQ
   tg.qpn = wq->ibv.wq_num;
-  deliver_receive(frame_request(&v), tg, true, 0);
+  deliver_receive(frame_request(&v, flow_tag), tg, true, 0);
 }
 
 }  // namespace softverbs::engine

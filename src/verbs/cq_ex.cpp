@@ -15,12 +15,14 @@ namespace softverbs {
 
 namespace {
 
-// The wc_flags a software device can fill. CVLAN (no VLAN tags reach us: RoCE v2 goes
-// through UDP sockets) and FLOW_TAG (no flow steering) are not meaningful here: asking for
-// them gives EOPNOTSUPP, as a provider without them does. TM_INFO: tag matching SRQs.
+// The wc_flags a software device can fill. CVLAN (no VLAN stripping: a raw packet QP gets
+// the tag in the frame) is not offered: asking for it gives EOPNOTSUPP, as a provider
+// without it does. TM_INFO: tag matching SRQs. FLOW_TAG: raw packet QPs' receives steered
+// by a rule with IBV_FLOW_SPEC_ACTION_TAG (docs/raw-packet.md; 0 for any other).
 constexpr uint64_t kSupportedWcFlags =
     uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
-    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
+    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK} | uint64_t{IBV_WC_EX_WITH_TM_INFO} |
+    uint64_t{IBV_WC_EX_WITH_FLOW_TAG};
 constexpr uint32_t kSupportedCreateFlags =
     IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
 constexpr uint32_t kKnownCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
@@ -120,7 +122,10 @@ uint64_t read_completion_wallclock_ns(ibv_cq_ex* ex) {
 }
 // Never filled (see kSupportedWcFlags), but no slot of ibv_cq_ex may be NULL.
 uint16_t read_cvlan(ibv_cq_ex*) { return 0; }
-uint32_t read_flow_tag(ibv_cq_ex*) { return 0; }
+uint32_t read_flow_tag(ibv_cq_ex* ex) {
+  Cq* cq = of(ex);
+  return (cq->stamp_kinds & CqeStamp::kFlowTag) ? cq->stamps[current_slot(cq)].flow_tag : 0;
+}
 // The TMH's tag and app_ctx of a matched message; zero for every other completion.
 void read_tm_info(ibv_cq_ex* ex, ibv_wc_tm_info* info) {
   Cq* cq = of(ex);
@@ -189,6 +194,7 @@ ibv_cq_ex* create_cq_ex(Context* ctx, const ibv_cq_init_attr_ex* attr) {
   if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
     cq->stamp_kinds |= CqeStamp::kWall;
   if (attr->wc_flags & IBV_WC_EX_WITH_TM_INFO) cq->stamp_kinds |= CqeStamp::kTm;
+  if (attr->wc_flags & IBV_WC_EX_WITH_FLOW_TAG) cq->stamp_kinds |= CqeStamp::kFlowTag;
   if (cq->stamp_kinds) cq->stamps.resize(cq->ring.size());
   cq->ibv.comp_mask = 0;
   fill_poll_ops(&cq->ibv);

@@ -55,6 +55,7 @@ struct Request {
   int nlocal = 0;
   pid_t pid = 0;
   bool skip_self = false;  // multicast: not to the sender's own QP (BLOCK_SELF_MCAST_LB)
+  uint32_t flow_tag = 0;   // a raw frame: its steering rule's IBV_FLOW_SPEC_ACTION_TAG
 };
 
 struct Reply {

@@ -8,6 +8,7 @@
  *  - priorities, DONT_TRAP, DROP, SNIFFER and MC_DEFAULT rules steer as ibv_create_flow(3)
  *    says; a QP with a rule cannot be destroyed (EBUSY);
  *  - frames go between processes of the host (a forked sender);
+ *  - a rule's IBV_FLOW_SPEC_ACTION_TAG reads back with ibv_wc_read_flow_tag;
  *  - RSS: an RSS QP (indirection table of WQs) puts each frame in the WQ its Toeplitz hash
  *    picks, completing on that WQ's CQ with the WQ's number; a WQ in ERR flushes its
  *    receives; WQs in a table, tables of an RSS QP and QPs with rules are EBUSY;
@@ -376,6 +377,86 @@ static void check_rss(struct sv_dev *d, struct rawq *a)
 	sv_free_mr(mr);
 }
 
+/* A rule for UDP port `port` to our group MAC, tagged `tag` unless it is 0. */
+static struct ibv_flow *tagged_rule(struct ibv_qp *qp, uint16_t port, uint32_t tag)
+{
+	struct {
+		struct ibv_flow_attr attr;
+		struct ibv_flow_spec_eth eth;
+		struct ibv_flow_spec_tcp_udp udp;
+		struct ibv_flow_spec_action_tag tag;
+	} r;
+	memset(&r, 0, sizeof(r));
+	r.attr.type = IBV_FLOW_ATTR_NORMAL;
+	r.attr.port = 1;
+	r.attr.num_of_specs = tag ? 3 : 2;
+	r.attr.size = tag ? sizeof(r) : sizeof(r) - sizeof(r.tag);
+	r.eth.type = IBV_FLOW_SPEC_ETH;
+	r.eth.size = sizeof(r.eth);
+	memcpy(r.eth.val.dst_mac, kGroupMac, 6);
+	memset(r.eth.mask.dst_mac, 0xff, 6);
+	r.udp.type = IBV_FLOW_SPEC_UDP;
+	r.udp.size = sizeof(r.udp);
+	r.udp.val.dst_port = htons(port);
+	r.udp.mask.dst_port = 0xffff;
+	r.tag.type = IBV_FLOW_SPEC_ACTION_TAG;
+	r.tag.size = sizeof(r.tag);
+	r.tag.tag_id = tag;
+	return ibv_create_flow(qp, &r.attr);
+}
+
+/* Flow tags: a receive steered by a tagged rule reads its tag on an extended CQ
+ * (ibv_wc_read_flow_tag), one steered by an untagged rule 0; a tag past 24 bits: EINVAL. */
+static void check_flow_tags(struct sv_dev *d, struct rawq *a)
+{
+	struct ibv_cq_init_attr_ex ca;
+	memset(&ca, 0, sizeof(ca));
+	ca.cqe = 2 * SLOTS;
+	ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_FLOW_TAG;
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(d->ctx, &ca);
+	CHECK(cqx != NULL);
+	struct rawq t;
+	t.cq = ibv_cq_ex_to_cq(cqx);
+	t.qp = create_raw(d, t.cq);
+	CHECK(t.qp != NULL);
+	CHECK_OK(modify_raw(t.qp));
+	t.mr = sv_alloc_mr(d->pd, (size_t)SLOTS * FRAME, IBV_ACCESS_LOCAL_WRITE);
+	for (t.posted = 0; t.posted < SLOTS / 2; ++t.posted)
+		CHECK_OK(sv_post_recv(t.qp, 100 + t.posted, t.mr, (size_t)t.posted * FRAME, FRAME));
+	errno = 0;
+	CHECK(tagged_rule(t.qp, 6000, 0x1000000) == NULL && errno == EINVAL);
+	struct ibv_flow *tagged = tagged_rule(t.qp, 6000, 0xabcdef);
+	struct ibv_flow *plain = tagged_rule(t.qp, 6001, 0);
+	CHECK(tagged != NULL && plain != NULL);
+	const uint16_t ports[2] = {6000, 6001};
+	const uint32_t tags[2] = {0xabcdef, 0};
+	for (int i = 0; i < 2; ++i) {
+		send_frame(a, ports[i], (uint8_t)(0x60 + i), FRAME);
+		struct ibv_poll_cq_attr pa = {0};
+		int got = 0;
+		for (int tries = 0; tries < 5000 && !got; ++tries) {
+			int rc = ibv_start_poll(cqx, &pa);
+			if (rc == ENOENT) {
+				usleep(1000);
+				continue;
+			}
+			CHECK_OK(rc);
+			got = 1;
+			CHECK_STATUS(*cqx, IBV_WC_SUCCESS);
+			CHECK_EQ(ibv_wc_read_byte_len(cqx), FRAME);
+			CHECKF(ibv_wc_read_flow_tag(cqx) == tags[i], "flow tag 0x%x, 0x%x expected",
+			       ibv_wc_read_flow_tag(cqx), tags[i]);
+			ibv_end_poll(cqx);
+		}
+		CHECKF(got, "no frame on port %u", ports[i]);
+	}
+	CHECK_OK(ibv_destroy_flow(tagged));
+	CHECK_OK(ibv_destroy_flow(plain));
+	CHECK_OK(ibv_destroy_qp(t.qp));
+	CHECK_OK(ibv_destroy_cq(t.cq));
+	sv_free_mr(t.mr);
+}
+
 /* Without CAP_NET_RAW (dropped in a child), creating a raw packet QP is EPERM. */
 static void check_needs_cap_net_raw(void)
 {
@@ -562,6 +643,9 @@ int main(void)
 		sv_step("between processes");
 		check_between_processes(&d, &b);
 	}
+
+	sv_step("flow tags on an extended CQ");
+	check_flow_tags(&d, &a);
 
 	sv_step("RSS over WQs");
 	check_rss(&d, &a);

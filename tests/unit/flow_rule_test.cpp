@@ -258,6 +258,24 @@ TEST(FlowRule, DropAction) {
   EXPECT_EQ(rule.specs.size(), 1u);
 }
 
+TEST(FlowRule, TagAction) {
+  RuleBuf r;
+  r.add(ports(IBV_FLOW_SPEC_UDP, 5678));
+  ibv_flow_spec_action_tag t{};
+  t.type = IBV_FLOW_SPEC_ACTION_TAG;
+  t.size = sizeof(t);
+  t.tag_id = 0xabcdef;
+  r.add(t);
+  FlowRule rule;
+  ASSERT_EQ(parse_flow(r.attr(), &rule), 0);
+  EXPECT_EQ(rule.tag, 0xabcdefu);
+  EXPECT_EQ(rule.specs.size(), 1u);
+  RuleBuf wide;
+  t.tag_id = 0x1000000;  // past the 24 bits a CQE carries
+  wide.add(t);
+  EXPECT_EQ(parse_flow(wide.attr(), &rule), EINVAL);
+}
+
 TEST(FlowRule, ShortFramesMatchNothingBeyondWhatTheyHave) {
   std::vector<uint8_t> f = frame({});
   f.resize(20);  // Ethernet and 6 bytes of IPv4
