@@ -101,6 +101,14 @@ struct Taker {
   uint32_t tag;
 };
 
+// `softverbs trace`: a frame as it was on the link, flushed (a process may end with _exit).
+void trace_frame(const iovec* v, int n, size_t len) {
+  if (wire::roce::PcapWriter* w = trace_writer()) {
+    w->write_frame(v, n, len);
+    w->flush();
+  }
+}
+
 void add_once(std::vector<Taker>& to, Qp* qp, uint32_t tag) {
   for (const Taker& t : to)
     if (t.qp == qp) return;
@@ -160,13 +168,11 @@ void on_frame(const uint8_t* frame, size_t len, bool outgoing) {
     for (const Entry& e : s.entries)
       if (e.rule.type == IBV_FLOW_ATTR_ALL_DEFAULT || (group && e.rule.type == IBV_FLOW_ATTR_MC_DEFAULT))
         add_once(to, e.qp, e.rule.tag);
-  // `softverbs trace`: a frame this process's QPs took, once however many took it.
-  if (!to.empty())
-    if (wire::roce::PcapWriter* w = trace_writer()) {
-      iovec v{const_cast<uint8_t*>(frame), len};
-      w->write_frame(&v, 1, len);
-      w->flush();  // a process may end with _exit
-    }
+  // Traced once however many QPs took it.
+  if (!to.empty()) {
+    iovec v{const_cast<uint8_t*>(frame), len};
+    trace_frame(&v, 1, len);
+  }
   // Under the lock: a QP with rules cannot be destroyed, and its rules go only through it.
   for (const Taker& t : to) {
     if (t.qp->rss) deliver_frame_to_wq(t.qp, pick_wq(*t.qp->rss, h), frame, len, t.tag);
@@ -186,10 +192,7 @@ void raw_qp_destroyed(Qp* qp) {
 Outcome send_raw(Qp*, const iovec* local, int nlocal, uint64_t len) {
   if (wire::ether::send_frame(local, nlocal, len) != 0)
     return {Outcome::Error, fault_rule(Fault::LocalLength).requester_status};
-  if (wire::roce::PcapWriter* w = trace_writer()) {
-    w->write_frame(local, nlocal, len);
-    w->flush();  // a process may end with _exit
-  }
+  trace_frame(local, nlocal, len);
   return {Outcome::Ack, IBV_WC_SUCCESS, 0, static_cast<uint32_t>(len)};
 }
 

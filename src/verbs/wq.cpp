@@ -16,7 +16,7 @@ namespace {
 
 std::atomic<uint32_t> g_next_wq_num{1};
 
-void flush_wq(Wq* wq);
+void drain_wq(Wq* wq, bool flush);
 
 int post_wq_recv(ibv_wq* w, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   Wq* wq = Wq::from(w);
@@ -26,35 +26,31 @@ int post_wq_recv(ibv_wq* w, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   }
   int err = post_srq_recv(wq->rq, wr, bad);
   // In ERR a receive completes at once, flushed, as a QP's in ERR does.
-  if (wq->state.load() == IBV_WQS_ERR) flush_wq(wq);
+  if (wq->state.load() == IBV_WQS_ERR) drain_wq(wq, true);
   return err;
 }
 
-// WQ to ERR: its receives complete with IBV_WC_WR_FLUSH_ERR (as a QP's do).
-void flush_wq(Wq* wq) {
-  Srq* srq = wq->rq;
-  std::lock_guard<QueueMutex> lock(srq->mu);
-  uint64_t number;
-  while (engine::srq_take_local(srq, &number)) {
-    ibv_wc wc{};
-    wc.wr_id = engine::srq_receive(srq, number).wr_id;
-    wc.status = IBV_WC_WR_FLUSH_ERR;
-    wc.opcode = IBV_WC_RECV;
-    wc.qp_num = wq->ibv.wq_num;
-    engine::srq_consume(srq, number);
-    cq_push(srq->xrc_cq, wc, false);
-  }
-}
-
-// WQ to RESET: its receives go without completions, and so do its completions not polled
-// yet (as libmlx5 cleans the CQ of the WQ's entries, and a QP's RESET here does).
-void discard_wq(Wq* wq) {
+// Takes every receive posted to the WQ. `flush` (to ERR): each completes with
+// IBV_WC_WR_FLUSH_ERR, as a QP's do. Otherwise (to RESET) they go without completions, and
+// so do its completions not polled yet (as libmlx5 cleans the CQ of the WQ's entries, and a
+// QP's RESET here does).
+void drain_wq(Wq* wq, bool flush) {
   Srq* srq = wq->rq;
   {
     std::lock_guard<QueueMutex> lock(srq->mu);
     uint64_t number;
-    while (engine::srq_take_local(srq, &number)) engine::srq_consume(srq, number);
+    while (engine::srq_take_local(srq, &number)) {
+      ibv_wc wc{};
+      wc.wr_id = engine::srq_receive(srq, number).wr_id;
+      engine::srq_consume(srq, number);
+      if (!flush) continue;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = IBV_WC_RECV;
+      wc.qp_num = wq->ibv.wq_num;
+      cq_push(srq->xrc_cq, wc, false);
+    }
   }
+  if (flush) return;
   cq_purge_qp(srq->xrc_cq, wq->ibv.wq_num);
   cq_polled(srq->xrc_cq);
 }
@@ -134,8 +130,8 @@ int modify_wq(Wq* wq, ibv_wq_attr* attr) {
   if (!ok) return EINVAL;
   wq->state.store(next);
   wq->ibv.state = static_cast<ibv_wq_state>(next);
-  if (next == IBV_WQS_ERR && cur != IBV_WQS_ERR) flush_wq(wq);
-  if (next == IBV_WQS_RESET) discard_wq(wq);
+  if (next == IBV_WQS_ERR && cur != IBV_WQS_ERR) drain_wq(wq, true);
+  if (next == IBV_WQS_RESET) drain_wq(wq, false);
   return 0;
 }
 

@@ -328,10 +328,11 @@ int send_frame(const iovec* v, int n, size_t len) {
   if (len < kEthHeader) return EMSGSIZE;
   // Four bytes more than MTU + header only for a frame that carries a VLAN tag (the
   // kernel's own rule, dev_validate_header/packet_snd).
-  if (len > max_frame() - kVlanTag) {
+  const size_t limit = max_frame();
+  if (len > limit - kVlanTag) {
     const uint16_t type = static_cast<uint16_t>(byte_at(v, n, 12) << 8 | byte_at(v, n, 13));
     const bool tagged = type == 0x8100 || type == 0x88a8;
-    if (!tagged || len > max_frame()) return EMSGSIZE;
+    if (!tagged || len > limit) return EMSGSIZE;
   }
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(v);
