@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "raw_helpers.h" /* tests/conformance: the raw QP's states, its steering rule */
+
 #define WARMUP 1000
 #define SLOTS 64
 
@@ -150,40 +152,16 @@ static int run_verbs(int client, int iters, size_t size)
 	struct ibv_qp *qp = ibv_create_qp(pd, &qa);
 	if (!qp)
 		die("ibv_create_qp (raw packet: root?)");
-	struct ibv_qp_attr m = {.qp_state = IBV_QPS_INIT, .port_num = 1};
-	if (ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PORT))
-		die("INIT");
-	m.qp_state = IBV_QPS_RTR;
-	if (ibv_modify_qp(qp, &m, IBV_QP_STATE))
-		die("RTR");
-	m.qp_state = IBV_QPS_RTS;
-	if (ibv_modify_qp(qp, &m, IBV_QP_STATE))
-		die("RTS");
+	if (modify_raw(qp))
+		die("ibv_modify_qp to RTS");
 	const uint16_t mine = client ? 5002 : 5001, theirs = client ? 5001 : 5002;
-	struct {
-		struct ibv_flow_attr attr;
-		struct ibv_flow_spec_eth eth;
-		struct ibv_flow_spec_tcp_udp udp;
-	} r;
-	memset(&r, 0, sizeof(r));
-	r.attr.size = sizeof(r);
-	r.attr.num_of_specs = 2;
-	r.attr.port = 1;
-	r.eth.type = IBV_FLOW_SPEC_ETH;
-	r.eth.size = sizeof(r.eth);
-	memcpy(r.eth.val.dst_mac, kGroup, 6);
-	memset(r.eth.mask.dst_mac, 0xff, 6);
-	r.udp.type = IBV_FLOW_SPEC_UDP;
-	r.udp.size = sizeof(r.udp);
-	r.udp.val.dst_port = htons(mine);
-	r.udp.mask.dst_port = 0xffff;
 	for (int i = 0; i < SLOTS; ++i) {
 		struct ibv_sge sge = {(uintptr_t)(buf + (size_t)i * 16384), 16384, mr->lkey};
 		struct ibv_recv_wr wr = {.wr_id = (uint64_t)i, .sg_list = &sge, .num_sge = 1}, *bad;
 		if (ibv_post_recv(qp, &wr, &bad))
 			die("post_recv");
 	}
-	struct ibv_flow *flow = ibv_create_flow(qp, &r.attr);
+	struct ibv_flow *flow = mac_port_rule(qp, kGroup, mine, 0);
 	if (!flow)
 		die("ibv_create_flow");
 	uint8_t *out = buf + (size_t)SLOTS * 16384;
@@ -193,8 +171,6 @@ static int run_verbs(int client, int iters, size_t size)
 				  .send_flags = IBV_SEND_SIGNALED}, *sbad;
 	int total = iters + WARMUP;
 	double *rtt = calloc((size_t)total, sizeof(double));
-	if (!client)
-		sleep(0); /* the client waits for the server's rule (bench/raw starts it first) */
 	for (int i = 0; i < total; ++i) {
 		double t0 = now_us();
 		struct ibv_wc wc;

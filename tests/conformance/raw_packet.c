@@ -19,6 +19,7 @@
  *  - an 802.1Q-tagged frame arrives with its tag (the kernel strips it; it is put back).
  */
 #include "common.h"
+#include "raw_helpers.h"
 
 #include <arpa/inet.h>
 #include <linux/capability.h>
@@ -43,38 +44,10 @@ struct rawq {
 	int posted;
 };
 
-static int modify_raw(struct ibv_qp *qp)
-{
-	struct ibv_qp_attr a;
-	int err;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	if ((err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT)))
-		return err;
-	a.qp_state = IBV_QPS_RTR;
-	if ((err = ibv_modify_qp(qp, &a, IBV_QP_STATE)))
-		return err;
-	a.qp_state = IBV_QPS_RTS;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE);
-}
-
-static struct ibv_qp *create_raw(struct sv_dev *d, struct ibv_cq *cq)
-{
-	struct ibv_qp_init_attr a;
-	memset(&a, 0, sizeof(a));
-	a.qp_type = IBV_QPT_RAW_PACKET;
-	a.send_cq = a.recv_cq = cq;
-	a.cap.max_send_wr = a.cap.max_recv_wr = SLOTS;
-	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
-	a.sq_sig_all = 1;
-	return ibv_create_qp(d->pd, &a);
-}
-
 static void rawq_open(struct sv_dev *d, struct rawq *q)
 {
 	q->cq = sv_create_cq(d, 2 * SLOTS, NULL, NULL);
-	q->qp = create_raw(d, q->cq);
+	q->qp = create_raw(d, q->cq, SLOTS);
 	CHECK(q->qp != NULL);
 	CHECK_OK(modify_raw(q->qp));
 	q->mr = sv_alloc_mr(d->pd, (size_t)SLOTS * FRAME, IBV_ACCESS_LOCAL_WRITE);
@@ -377,34 +350,6 @@ static void check_rss(struct sv_dev *d, struct rawq *a)
 	sv_free_mr(mr);
 }
 
-/* A rule for UDP port `port` to our group MAC, tagged `tag` unless it is 0. */
-static struct ibv_flow *tagged_rule(struct ibv_qp *qp, uint16_t port, uint32_t tag)
-{
-	struct {
-		struct ibv_flow_attr attr;
-		struct ibv_flow_spec_eth eth;
-		struct ibv_flow_spec_tcp_udp udp;
-		struct ibv_flow_spec_action_tag tag;
-	} r;
-	memset(&r, 0, sizeof(r));
-	r.attr.type = IBV_FLOW_ATTR_NORMAL;
-	r.attr.port = 1;
-	r.attr.num_of_specs = tag ? 3 : 2;
-	r.attr.size = tag ? sizeof(r) : sizeof(r) - sizeof(r.tag);
-	r.eth.type = IBV_FLOW_SPEC_ETH;
-	r.eth.size = sizeof(r.eth);
-	memcpy(r.eth.val.dst_mac, kGroupMac, 6);
-	memset(r.eth.mask.dst_mac, 0xff, 6);
-	r.udp.type = IBV_FLOW_SPEC_UDP;
-	r.udp.size = sizeof(r.udp);
-	r.udp.val.dst_port = htons(port);
-	r.udp.mask.dst_port = 0xffff;
-	r.tag.type = IBV_FLOW_SPEC_ACTION_TAG;
-	r.tag.size = sizeof(r.tag);
-	r.tag.tag_id = tag;
-	return ibv_create_flow(qp, &r.attr);
-}
-
 /* Flow tags: a receive steered by a tagged rule reads its tag on an extended CQ
  * (ibv_wc_read_flow_tag), one steered by an untagged rule 0; a tag past 24 bits: EINVAL. */
 static void check_flow_tags(struct sv_dev *d, struct rawq *a)
@@ -417,16 +362,16 @@ static void check_flow_tags(struct sv_dev *d, struct rawq *a)
 	CHECK(cqx != NULL);
 	struct rawq t;
 	t.cq = ibv_cq_ex_to_cq(cqx);
-	t.qp = create_raw(d, t.cq);
+	t.qp = create_raw(d, t.cq, SLOTS);
 	CHECK(t.qp != NULL);
 	CHECK_OK(modify_raw(t.qp));
 	t.mr = sv_alloc_mr(d->pd, (size_t)SLOTS * FRAME, IBV_ACCESS_LOCAL_WRITE);
 	for (t.posted = 0; t.posted < SLOTS / 2; ++t.posted)
 		CHECK_OK(sv_post_recv(t.qp, 100 + t.posted, t.mr, (size_t)t.posted * FRAME, FRAME));
 	errno = 0;
-	CHECK(tagged_rule(t.qp, 6000, 0x1000000) == NULL && errno == EINVAL);
-	struct ibv_flow *tagged = tagged_rule(t.qp, 6000, 0xabcdef);
-	struct ibv_flow *plain = tagged_rule(t.qp, 6001, 0);
+	CHECK(mac_port_rule(t.qp, kGroupMac, 6000, 0x1000000) == NULL && errno == EINVAL);
+	struct ibv_flow *tagged = mac_port_rule(t.qp, kGroupMac, 6000, 0xabcdef);
+	struct ibv_flow *plain = mac_port_rule(t.qp, kGroupMac, 6001, 0);
 	CHECK(tagged != NULL && plain != NULL);
 	const uint16_t ports[2] = {6000, 6001};
 	const uint32_t tags[2] = {0xabcdef, 0};
@@ -474,7 +419,7 @@ static void check_needs_cap_net_raw(void)
 		sv_open(&d);
 		struct ibv_cq *cq = sv_create_cq(&d, 4, NULL, NULL);
 		errno = 0;
-		struct ibv_qp *qp = create_raw(&d, cq);
+		struct ibv_qp *qp = create_raw(&d, cq, SLOTS);
 		_exit(qp == NULL && errno == EPERM ? 0 : 12);
 	}
 	int status;
@@ -534,7 +479,7 @@ int main(void)
 	sv_step("a raw packet QP needs CAP_NET_RAW");
 	struct ibv_cq *probe_cq = sv_create_cq(&d, 4, NULL, NULL);
 	errno = 0;
-	struct ibv_qp *probe = create_raw(&d, probe_cq);
+	struct ibv_qp *probe = create_raw(&d, probe_cq, SLOTS);
 	if (!probe && errno == EPERM) {
 		/* Not root here: nothing more can be checked than that refusal. */
 		CHECK_OK(ibv_destroy_cq(probe_cq));

@@ -70,57 +70,6 @@ struct a_info {
 
 #define BIG 3000 /* three packets at MTU 1024 */
 
-static struct ibv_srq *xrc_srq(struct sv_dev *d, struct ibv_xrcd *x, struct ibv_cq *cq)
-{
-	struct ibv_srq_init_attr_ex a = {0};
-	a.attr.max_wr = 16;
-	a.attr.max_sge = 1;
-	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
-		      IBV_SRQ_INIT_ATTR_CQ;
-	a.srq_type = IBV_SRQT_XRC;
-	a.pd = d->pd;
-	a.xrcd = x;
-	a.cq = cq;
-	struct ibv_srq *s = ibv_create_srq_ex(d->ctx, &a);
-	CHECK(s != NULL);
-	return s;
-}
-
-static uint32_t srq_num(struct ibv_srq *s)
-{
-	uint32_t n = 0;
-	CHECK_OK(ibv_get_srq_num(s, &n));
-	return n;
-}
-
-/* An INI QP; with `ops`, an extended one with those send ops (NULL and errno if refused). */
-static struct ibv_qp *ini_qp_ops(struct sv_dev *d, struct ibv_cq *cq, uint64_t ops)
-{
-	struct ibv_qp_init_attr_ex a = {0};
-	a.qp_type = IBV_QPT_XRC_SEND;
-	a.comp_mask = IBV_QP_INIT_ATTR_PD;
-	if (ops) {
-		a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-		a.send_ops_flags = ops;
-	}
-	a.pd = d->pd;
-	a.send_cq = cq;
-	a.cap.max_send_wr = 16;
-	a.cap.max_send_sge = 1;
-	a.cap.max_recv_wr = 4; /* an INI QP has no receive queue: ignored, reported 0 */
-	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
-	if (qp)
-		CHECK_EQ(a.cap.max_recv_wr, 0);
-	return qp;
-}
-
-static struct ibv_qp *ini_qp(struct sv_dev *d, struct ibv_cq *cq)
-{
-	struct ibv_qp *qp = ini_qp_ops(d, cq, 0);
-	CHECK(qp != NULL);
-	return qp;
-}
-
 static int post_xrc_fetch_add(struct ibv_qp *qp, uint64_t id, uint32_t srqn, struct ibv_mr *mr,
 			      size_t off, uint64_t raddr, uint32_t rkey, uint64_t add)
 {
@@ -239,17 +188,11 @@ static void peer_main(int s)
 		bx = open_xrcd(d.ctx, fd, 0);
 		CHECK(bx != NULL);
 		close(fd);
-		struct ibv_qp_open_attr oa = {0};
-		oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-		oa.qp_num = a.tgt_qpn;
-		oa.xrcd = bx;
-		oa.qp_type = IBV_QPT_XRC_RECV;
-		bt = ibv_open_qp(d.ctx, &oa);
+		bt = open_tgt(d.ctx, bx, a.tgt_qpn);
 		CHECKF(bt != NULL, "ibv_open_qp of A's TGT QP failed: %s", strerror(errno));
 		CHECK_EQ(bt->qp_num, a.tgt_qpn);
 		CHECK_EQ(sv_query_state(bt), IBV_QPS_RTR);
-		oa.qp_num = a.tgt_qpn + 1000; /* no such QP */
-		CHECK(ibv_open_qp(d.ctx, &oa) == NULL);
+		CHECK(open_tgt(d.ctx, bx, a.tgt_qpn + 1000) == NULL); /* no such QP */
 	}
 
 	struct ibv_wc wc;
@@ -561,17 +504,11 @@ int main(void)
 	connect_xrc(tgt, &d, ini_qpn, 0);
 
 	sv_step("ibv_open_qp: a second handle on the TGT QP");
-	struct ibv_qp_open_attr oa = {0};
-	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-	oa.qp_num = tgt->qp_num;
-	oa.xrcd = x;
-	oa.qp_type = IBV_QPT_XRC_RECV;
-	struct ibv_qp *opened = ibv_open_qp(d.ctx, &oa);
+	struct ibv_qp *opened = open_tgt(d.ctx, x, tgt->qp_num);
 	CHECK(opened != NULL);
 	CHECK_EQ(opened->qp_num, tgt->qp_num);
 	CHECK_EQ(sv_query_state(opened), IBV_QPS_RTR);
-	oa.xrcd = own;
-	CHECK(ibv_open_qp(d.ctx, &oa) == NULL); /* not a QP of that domain */
+	CHECK(open_tgt(d.ctx, own, tgt->qp_num) == NULL); /* not a QP of that domain */
 
 	sv_step("SEND, WRITE and READ at the XRC SRQ");
 	CHECK_OK(sv_post_srq_recv(srq, 100, mr, 0, MSG));

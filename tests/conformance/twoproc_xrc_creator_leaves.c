@@ -72,37 +72,13 @@ static void peer_main(int sock)
 	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, 0);
 	CHECKF(x != NULL, "B: open_xrcd: %s", strerror(errno));
 	close(fd);
-	struct ibv_srq_init_attr_ex sa = {0};
-	sa.attr.max_wr = 16;
-	sa.attr.max_sge = 1;
-	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
-		       IBV_SRQ_INIT_ATTR_CQ;
-	sa.srq_type = IBV_SRQT_XRC;
-	sa.pd = d.pd;
-	sa.xrcd = x;
-	sa.cq = rcq;
-	struct ibv_srq *srq = ibv_create_srq_ex(d.ctx, &sa);
-	CHECK(srq != NULL);
-	uint32_t srqn = 0;
-	CHECK_OK(ibv_get_srq_num(srq, &srqn));
-	struct ibv_qp_init_attr_ex ia = {0};
-	ia.qp_type = IBV_QPT_XRC_SEND;
-	ia.comp_mask = IBV_QP_INIT_ATTR_PD;
-	ia.pd = d.pd;
-	ia.send_cq = cq;
-	ia.cap.max_send_wr = 16;
-	ia.cap.max_send_sge = 1;
-	struct ibv_qp *ini = ibv_create_qp_ex(d.ctx, &ia);
-	CHECK(ini != NULL);
+	struct ibv_srq *srq = xrc_srq(&d, x, rcq);
+	uint32_t srqn = srq_num(srq);
+	struct ibv_qp *ini = ini_qp(&d, cq);
 	uint32_t tgt_qpn, ours = ini->qp_num;
 	sv_exchange(sock, &ours, &tgt_qpn, sizeof(ours));
 	connect_xrc(ini, &d, tgt_qpn, 1);
-	struct ibv_qp_open_attr oa = {0};
-	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-	oa.qp_num = tgt_qpn;
-	oa.xrcd = x;
-	oa.qp_type = IBV_QPT_XRC_RECV;
-	struct ibv_qp *h = ibv_open_qp(d.ctx, &oa);
+	struct ibv_qp *h = open_tgt(d.ctx, x, tgt_qpn);
 	CHECKF(h != NULL, "B: ibv_open_qp: %s", strerror(errno));
 	sv_say(sock, 2);            /* A connects its TGT QP, then leaves */
 	CHECK_EQ(sv_hear(sock), 3); /* A's device is closed */

@@ -1,5 +1,6 @@
-/* XRC helpers shared by the XRC conformance tests (twoproc_xrc, twoproc_xrc_creator_leaves):
- * a domain on a file, a TGT QP, connecting an INI or TGT QP, a WR at an XRC SRQ. */
+/* XRC helpers shared by the XRC conformance tests (twoproc_xrc, twoproc_xrc_creator_leaves,
+ * twoproc_xrc_creator_dies): a domain on a file, a TGT QP, an XRC SRQ, an INI QP, a handle on
+ * another process's TGT QP, connecting an INI or TGT QP, a WR at an XRC SRQ. */
 #ifndef SV_XRC_HELPERS_H
 #define SV_XRC_HELPERS_H
 
@@ -23,6 +24,68 @@ static inline struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
 	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
 	CHECK(qp != NULL);
 	return qp;
+}
+
+static inline struct ibv_srq *xrc_srq(struct sv_dev *d, struct ibv_xrcd *x, struct ibv_cq *cq)
+{
+	struct ibv_srq_init_attr_ex a = {0};
+	a.attr.max_wr = 16;
+	a.attr.max_sge = 1;
+	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+		      IBV_SRQ_INIT_ATTR_CQ;
+	a.srq_type = IBV_SRQT_XRC;
+	a.pd = d->pd;
+	a.xrcd = x;
+	a.cq = cq;
+	struct ibv_srq *s = ibv_create_srq_ex(d->ctx, &a);
+	CHECK(s != NULL);
+	return s;
+}
+
+static inline uint32_t srq_num(struct ibv_srq *s)
+{
+	uint32_t n = 0;
+	CHECK_OK(ibv_get_srq_num(s, &n));
+	return n;
+}
+
+/* An INI QP; with `ops`, an extended one with those send ops (NULL and errno if refused). */
+static inline struct ibv_qp *ini_qp_ops(struct sv_dev *d, struct ibv_cq *cq, uint64_t ops)
+{
+	struct ibv_qp_init_attr_ex a = {0};
+	a.qp_type = IBV_QPT_XRC_SEND;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD;
+	if (ops) {
+		a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		a.send_ops_flags = ops;
+	}
+	a.pd = d->pd;
+	a.send_cq = cq;
+	a.cap.max_send_wr = 16;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_wr = 4; /* an INI QP has no receive queue: ignored, reported 0 */
+	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	if (qp)
+		CHECK_EQ(a.cap.max_recv_wr, 0);
+	return qp;
+}
+
+static inline struct ibv_qp *ini_qp(struct sv_dev *d, struct ibv_cq *cq)
+{
+	struct ibv_qp *qp = ini_qp_ops(d, cq, 0);
+	CHECK(qp != NULL);
+	return qp;
+}
+
+/* A handle on the TGT QP `qpn` of domain x (ibv_open_qp(3)); NULL and errno if refused. */
+static inline struct ibv_qp *open_tgt(struct ibv_context *ctx, struct ibv_xrcd *x, uint32_t qpn)
+{
+	struct ibv_qp_open_attr oa = {0};
+	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	oa.qp_num = qpn;
+	oa.xrcd = x;
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	return ibv_open_qp(ctx, &oa);
 }
 
 /* INIT, then RTR to dest (and RTS for an INI QP), with the masks the kernel's table wants

@@ -12,6 +12,7 @@
  *                                        receiver's rule must keep out); prints "sent COUNT"
  */
 #include "common.h"
+#include "raw_helpers.h"
 
 #include <arpa/inet.h>
 #include <net/if.h>
@@ -66,29 +67,6 @@ static void build(uint8_t *f, const uint8_t *dst, uint16_t dport, uint32_t seq)
 		f[i] = (uint8_t)(seq * 7 + (uint32_t)i);
 }
 
-static struct ibv_qp *raw_qp(struct sv_dev *d, struct ibv_cq *cq)
-{
-	struct ibv_qp_init_attr a;
-	struct ibv_qp_attr m;
-	memset(&a, 0, sizeof(a));
-	a.qp_type = IBV_QPT_RAW_PACKET;
-	a.send_cq = a.recv_cq = cq;
-	a.cap.max_send_wr = a.cap.max_recv_wr = SLOTS;
-	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
-	a.sq_sig_all = 1;
-	struct ibv_qp *qp = ibv_create_qp(d->pd, &a);
-	CHECK(qp != NULL);
-	memset(&m, 0, sizeof(m));
-	m.qp_state = IBV_QPS_INIT;
-	m.port_num = 1;
-	CHECK_OK(ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PORT));
-	m.qp_state = IBV_QPS_RTR;
-	CHECK_OK(ibv_modify_qp(qp, &m, IBV_QP_STATE));
-	m.qp_state = IBV_QPS_RTS;
-	CHECK_OK(ibv_modify_qp(qp, &m, IBV_QP_STATE));
-	return qp;
-}
-
 static int64_t now_ms(void)
 {
 	struct timespec t;
@@ -112,31 +90,15 @@ int main(int argc, char **argv)
 		parse_mac(argv[4], mac);
 	sv_open(&d);
 	struct ibv_cq *cq = sv_create_cq(&d, 2 * SLOTS, NULL, NULL);
-	struct ibv_qp *qp = raw_qp(&d, cq);
+	struct ibv_qp *qp = create_raw(&d, cq, SLOTS);
+	CHECK(qp != NULL);
+	CHECK_OK(modify_raw(qp));
 	struct ibv_mr *mr = sv_alloc_mr(d.pd, (size_t)SLOTS * FRAME, IBV_ACCESS_LOCAL_WRITE);
 
 	if (recv) {
-		struct {
-			struct ibv_flow_attr attr;
-			struct ibv_flow_spec_eth eth;
-			struct ibv_flow_spec_tcp_udp udp;
-		} r;
-		memset(&r, 0, sizeof(r));
-		r.attr.type = IBV_FLOW_ATTR_NORMAL;
-		r.attr.size = sizeof(r);
-		r.attr.num_of_specs = 2;
-		r.attr.port = 1;
-		r.eth.type = IBV_FLOW_SPEC_ETH;
-		r.eth.size = sizeof(r.eth);
-		memcpy(r.eth.val.dst_mac, mac, 6);
-		memset(r.eth.mask.dst_mac, 0xff, 6);
-		r.udp.type = IBV_FLOW_SPEC_UDP;
-		r.udp.size = sizeof(r.udp);
-		r.udp.val.dst_port = htons(dport);
-		r.udp.mask.dst_port = 0xffff;
 		for (int i = 0; i < SLOTS; ++i)
 			CHECK_OK(sv_post_recv(qp, (uint64_t)i, mr, (size_t)i * FRAME, FRAME));
-		struct ibv_flow *flow = ibv_create_flow(qp, &r.attr);
+		struct ibv_flow *flow = mac_port_rule(qp, mac, dport, 0);
 		CHECK(flow != NULL);
 		printf("ready %02x:%02x:%02x:%02x:%02x:%02x\n", mac[0], mac[1], mac[2], mac[3], mac[4],
 		       mac[5]);
