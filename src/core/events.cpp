@@ -42,7 +42,8 @@ void raise_qp_event(Qp* qp, ibv_event_type type) {
     return;
   }
   // An XRC TGT QP's events go to every handle opened on it too (ibv_open_qp(3)), and to
-  // its creator's while that handle is not destroyed.
+  // its creator's while that handle is not destroyed. One handed over lives elsewhere.
+  if (qp->xrc_moved.load()) return;
   {
     std::lock_guard<std::mutex> lock(qp->xrc_mu);
     if (!qp->xrc_creator_gone) qp->ctx->post_async(ev);

@@ -631,6 +631,9 @@ struct Qp {
   // and the handle shows a fatal error (verbs/xrc.cpp creator_died).
   pid_t xrc_remote_pid = 0;
   std::atomic<bool> xrc_remote_dead{false};
+  // This process is ending and handed the TGT QP over to a holder (verbs/xrc.cpp
+  // handover_at_exit): what is left here is a copy nobody reaches, which tells no one.
+  std::atomic<bool> xrc_moved{false};
   std::atomic<int> state{IBV_QPS_RESET};
   // The connection to a peer process (under attr_mu): a number unique in this process, given
   // when the QP enters RTR, and the peer's pid then; RESET clears both. A dead peer's timer

@@ -240,13 +240,25 @@ void peer_died(pid_t pid) {
   // IBV_EVENT_QP_FATAL, outstanding work flushed. The timer is for this connection only:
   // the QP may be reset and connected to another process meanwhile, even one that took the
   // dead one's slot and QPN.
-  for_each_qp([pid](Qp* qp) {
+  std::vector<pid_t> hosts;
+  for_each_qp([pid, &hosts](Qp* qp) {
     if (!connected(qp)) return;
     uint64_t connection;
     uint8_t timeout, retry;
     {
       std::lock_guard<std::mutex> lock(qp->attr_mu);
       if (qp->peer_pid != pid) return;
+      // An XRC INI QP's TGT QP was handed over as its process ended (verbs/xrc.cpp): the
+      // process that adopted the slot runs it now, so the connection lives on.
+      if (qp->type == IBV_QPT_XRC_SEND) {
+        const int slot = wire::slot_of_qpn(qp->attr.dest_qp_num);
+        const pid_t host = wire::slot_owner(slot);
+        if (wire::host_slot(slot) != slot && host > 0 && host != pid) {
+          qp->peer_pid = host;
+          hosts.push_back(host);
+          return;
+        }
+      }
       connection = qp->connection;
       timeout = qp->attr.timeout;
       retry = qp->attr.retry_cnt;
@@ -254,6 +266,8 @@ void peer_died(pid_t pid) {
     Clock::duration budget = ack_timeout(timeout) * (retry + 1);
     progress().fail_at(qp->qpn(), connection, Clock::now() + budget);
   });
+  for (pid_t host : hosts)
+    if (host != wire::self_pid()) progress().watch(host);
 }
 
 }  // namespace softverbs::engine

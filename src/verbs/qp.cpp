@@ -339,7 +339,7 @@ Mr* Mr::from(ibv_mr* m) {
   return m && mr->magic == kMrMagic ? mr : nullptr;
 }
 
-ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
+ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init, uint32_t qpn_wanted) {
   Context* ctx = pd->ctx;
   Cq* scq = Cq::from(init->send_cq);
   Cq* rcq = Cq::from(init->recv_cq);
@@ -385,7 +385,7 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init) {
     return nullptr;
   }
   auto* qp = new (std::nothrow) Qp{};
-  uint32_t qpn = qp ? wire::allocate_qpn() : 0;
+  uint32_t qpn = qp ? (qpn_wanted ? qpn_wanted : wire::allocate_qpn()) : 0;
   if (!qpn) {
     delete qp;
     uncount_object(Counted::Qp);
@@ -645,10 +645,11 @@ int destroy_qp_now(Qp* qp) {
   if (qp->type == IBV_QPT_RAW_PACKET) engine::raw_qp_destroyed(qp);
   forget_rss(qp);
   const bool hosted = qp->xrc_creator_gone;
+  const uint32_t qpn = qp->qpn();
   std::shared_ptr<XrcDomain> domain = std::move(qp->xrc_domain);
   delete qp;
   uncount_object(Counted::Qp);
-  if (hosted) tgt_qp_destroyed(ctx, domain);
+  if (hosted) tgt_qp_destroyed(ctx, domain, qpn);
   sweep_unimported_pds();  // an unimported PD it was created on may go now
   return 0;
 }

@@ -187,14 +187,16 @@ void free_opened_handle(Qp* handle);
 void free_tgt_resources(Context* ctx);  // close_context
 // destroy_qp, after freeing a TGT QP whose creator handle had gone (Qp::xrc_creator_gone):
 // the domain it held, and its context if that was closed meanwhile.
-void tgt_qp_destroyed(Context* ctx, const std::shared_ptr<XrcDomain>& domain);
+// An adopted QP's (its number in another process's slot) lets that slot go with the last.
+void tgt_qp_destroyed(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uint32_t qpn);
 // A handle on a TGT QP of another process (Qp::xrc_remote_slot): through its agent.
 int modify_remote_tgt(Qp* handle, ibv_qp_attr* attr, int mask);
 int query_remote_tgt(Qp* handle, ibv_qp_attr* attr, ibv_qp_init_attr* init);
 void destroy_remote_tgt(Qp* handle);
 
 // QP
-ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr);
+// qpn_wanted: that number (an adopted XRC TGT QP's, verbs/xrc.cpp), else a new one.
+ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* attr, uint32_t qpn_wanted = 0);
 int modify_qp(Qp* qp, ibv_qp_attr* attr, int mask);
 int query_qp(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int destroy_qp(Qp* qp);

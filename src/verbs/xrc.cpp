@@ -8,18 +8,23 @@
 //  - XRC SRQs have a number (ibv_get_srq_num) that INI QPs name per message (XRCETH); a
 //    message lands only in an SRQ of the TGT QP's domain.
 //  - TGT QPs (IBV_QPT_XRC_RECV) have no PD, CQs or queues; ibv_open_qp gives more handles
-//    on one, and the QP lives until its last handle is destroyed.
+//    on one, and the QP lives until its last handle is destroyed. A process that ends
+//    (exit) while other processes hold handles on a TGT QP it runs hands the QP over to one
+//    of them, which runs it on from then on under the same number (docs/xrc.md).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -179,6 +184,8 @@ bool ensure_tgt_resources(Context* ctx) {
 }
 
 void install_xrc_hooks();  // below: our agent's side of ibv_open_qp across processes
+void ensure_handover_at_exit();  // below: TGT QPs others hold outlive our exit
+void adopted_qp_gone(int slot);   // below: the last adopted QP of `slot` lets it go
 
 Xrcd* Xrcd::from(ibv_xrcd* x) {
   auto* xrcd = reinterpret_cast<Xrcd*>(x);
@@ -336,6 +343,7 @@ ibv_qp* create_xrc_tgt_qp(Context* ctx, ibv_qp_init_attr_ex* ex) {
   qp->xrcd = xrcd;
   qp->xrc_domain = xrcd->domain;
   xrcd->users++;
+  ensure_handover_at_exit();
   // A TGT QP has no PD, CQs, SRQ or work queues of its own (what ibv_query_qp shows).
   q->pd = nullptr;
   q->send_cq = q->recv_cq = nullptr;
@@ -452,15 +460,29 @@ void openers_died(pid_t pid) {
 // (docs/xrc.md). Our handles see what a QP that met a fatal error shows: ERR and
 // IBV_EVENT_QP_FATAL, once; after that query answers ERR, modify ENXIO, destroy works.
 void creator_died(pid_t pid) {
-  std::lock_guard<std::mutex> lock(g_remote_mu);
+  std::vector<pid_t> hosts;
+  std::unique_lock<std::mutex> lock(g_remote_mu);
   for (auto& [qpn, h] : g_remote_handles) {
-    if (h->xrc_remote_pid != pid || h->xrc_remote_dead.exchange(true)) continue;
+    if (h->xrc_remote_pid != pid || h->xrc_remote_dead.load()) continue;
+    // It ended cleanly and handed its slot, this QP with it, to a holder (handover_at_exit,
+    // done before it exited): that process hosts it now; nothing for the handle to see.
+    const int slot = h->xrc_remote_slot;
+    const pid_t host = wire::slot_owner(slot);
+    if (wire::host_slot(slot) != slot && host > 0 && host != pid) {
+      h->xrc_remote_pid = host;
+      hosts.push_back(host);
+      continue;
+    }
+    if (h->xrc_remote_dead.exchange(true)) continue;
     h->state.store(IBV_QPS_ERR);  // (ibv_qp::state is the application's threads': query sets it)
     ibv_async_event ev{};
     ev.element.qp = h->qp();
     ev.event_type = IBV_EVENT_QP_FATAL;
     h->ctx->post_async(ev);
   }
+  lock.unlock();
+  for (pid_t host : hosts)
+    if (host != wire::self_pid()) engine::watch_pid(host, process_died);
 }
 
 // The one hook of engine::watch_pid: a process that held our TGT QPs' handles, or that
@@ -507,7 +529,242 @@ Qp* new_tgt_handle(Context* ctx, Xrcd* xrcd, const ibv_qp_open_attr* attr) {
   return h;
 }
 
+// ---- the hand-over: a TGT QP outlives the process that runs it ---------------------------
+//
+// In the kernel a TGT QP belongs to no process: it lives while any process holds a handle.
+// Here it runs in a process (its responder, its agent address, its RoCE steering), so when
+// that process ends with exit() while other processes hold handles, it hands the QP over
+// to one of them first: that holder builds the QP again under the same number, in the
+// state and with the attributes it had, and takes over the ending process's whole registry
+// slot, whose agent address it serves from then on (docs/xrc.md). The handles, the INI QPs
+// connected to it and the XRC SRQs it delivers to see nothing of the move. An abrupt end
+// (a signal, _exit) runs no code: then the holders' handles see the QP fail (creator_died).
+
+// Adopted slots (of processes that ended) and how many TGT QPs of each run here.
+std::mutex g_adopted_mu;
+std::map<int, int> g_adopted;
+
+bool pid_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+// A TGT QP this process runs (created here or adopted), not handed over yet.
+bool runs_here(Qp* t) {
+  if (t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from || t->xrc_remote_slot || t->xrc_moved.load())
+    return false;
+  const int slot = wire::slot_of_qpn(t->qpn());
+  if (slot == wire::my_slot()) return true;
+  std::lock_guard<std::mutex> lock(g_adopted_mu);
+  return g_adopted.count(slot) > 0;
+}
+
+// The modify calls that take a new QP from RESET to the state `a` describes.
+int replay_state(Qp* t, const ibv_qp_attr& a) {
+  ibv_qp_attr step = a;
+  const int st = a.qp_state;
+  if (st == IBV_QPS_RESET) return 0;
+  if (st == IBV_QPS_ERR) {
+    step.qp_state = IBV_QPS_ERR;
+    return modify_qp(t, &step, IBV_QP_STATE);
+  }
+  if (st != IBV_QPS_INIT && st != IBV_QPS_RTR && st != IBV_QPS_RTS) return EINVAL;
+  step.qp_state = IBV_QPS_INIT;
+  if (int err = modify_qp(t, &step, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return err;
+  if (st == IBV_QPS_INIT) return 0;
+  step = a;
+  step.qp_state = IBV_QPS_RTR;
+  if (int err = modify_qp(t, &step, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                        IBV_QP_MIN_RNR_TIMER))
+    return err;
+  if (st == IBV_QPS_RTR) return 0;
+  step = a;
+  step.qp_state = IBV_QPS_RTS;
+  return modify_qp(t, &step, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN);
+}
+
+// At a holder: the ending process `from` hands us its TGT QP. Everything in `s` is its
+// word: checked here, and the QP is built by the verbs an application would call.
+int adopt(const wire::XrcSnapshot& s, pid_t from) {
+  const uint32_t qpn = s.qpn;
+  const int slot = wire::slot_of_qpn(qpn);
+  if (s.magic != wire::kXrcSnapshotMagic || qpn > 0xffffff || slot <= 0 || slot >= wire::kSlots ||
+      slot == wire::my_slot() || wire::slot_owner(slot) != from || s.nholders == 0 ||
+      s.nholders > static_cast<uint32_t>(wire::kMaxXrcSnapshotHolders))
+    return EINVAL;
+  if (wire::find_local(qpn)) return EEXIST;
+  // One of our handles on it names the context and the domain it runs in here.
+  Context* ctx = nullptr;
+  std::shared_ptr<XrcDomain> domain;
+  {
+    std::lock_guard<std::mutex> lock(g_remote_mu);
+    auto [first, last] = g_remote_handles.equal_range(qpn);
+    for (auto it = first; it != last; ++it)
+      if (it->second->xrc_remote_slot == slot) {
+        ctx = it->second->ctx;
+        domain = it->second->xrc_domain;
+        break;
+      }
+  }
+  if (!ctx || !domain || !domain->shared || domain->dev != static_cast<dev_t>(s.dev) ||
+      domain->ino != static_cast<ino_t>(s.ino))
+    return EINVAL;
+  std::vector<std::pair<pid_t, int>> holders;
+  for (uint32_t i = 0; i < s.nholders; ++i) {
+    const auto& h = s.holders[i];
+    if (h.slot <= 0 || h.slot >= wire::kSlots || !pid_alive(h.pid)) continue;
+    holders.push_back({h.pid, h.slot});
+  }
+  if (holders.empty() || !ensure_tgt_resources(ctx)) return holders.empty() ? EINVAL : ENOMEM;
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = ctx->xrc_cq->cq();
+  init.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* q = create_qp(ctx->xrc_pd, &init, qpn);
+  if (!q) return errno ? errno : ENOMEM;
+  Qp* t = Qp::from(q);
+  t->xrc_domain = domain;
+  q->pd = nullptr;
+  q->send_cq = q->recv_cq = nullptr;
+  t->cap = {};
+  // As a TGT QP whose creator's handle went: it holds the domain and its context.
+  hold_xrcd_domain(domain);
+  t->xrc_creator_gone = true;
+  {
+    std::lock_guard<std::mutex> lock(ctx->objects_mu);
+    ++ctx->hosted_tgt_qps;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    ++g_adopted[slot];
+  }
+  {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    t->xrc_remote_openers = holders;
+    t->xrc_handles = static_cast<int>(holders.size());
+  }
+  if (int err = replay_state(t, s.attr)) {
+    destroy_qp_now(t);
+    return err;
+  }
+  if (s.comm_est) {
+    std::lock_guard<QueueMutex> lock(t->rq_mu);
+    t->comm_est_raised = true;
+  }
+  for (const auto& h : holders)
+    if (h.first != wire::self_pid()) engine::watch_pid(h.first, process_died);
+  ensure_handover_at_exit();  // and on again, if we end before its last handle goes
+  return 0;
+}
+
+// At a holder: the ending process handed us `slot` in the registry and stopped serving its
+// agent address; we serve it for the QPs we adopted.
+int commit(int slot, pid_t) {
+  if (slot <= 0 || slot >= wire::kSlots || slot == wire::my_slot()) return EINVAL;
+  if (wire::slot_owner(slot) != wire::self_pid()) return EPERM;
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    if (!g_adopted.count(slot)) return ENOENT;
+  }
+  return wire::serve_adopted_slot(slot) ? 0 : EADDRINUSE;
+}
+
+std::atomic<pid_t> g_handover_registered{0};
+std::atomic<pid_t> g_handover_done{0};
+
+// atexit: hands each TGT QP we run that a live process elsewhere holds a handle on to one
+// such process. Per slot one process takes all (the one with the most handles), because
+// the slot is what other processes and the RoCE port resolve a QP number by.
+void handover_at_exit() {
+  const pid_t self = wire::self_pid();
+  // A forked child inherits the handler: it runs only in a process that registered it.
+  if (g_handover_registered.load() != self || g_handover_done.exchange(self) == self) return;
+  std::vector<uint32_t> qpns;
+  for_each_qp([&](Qp* t) {
+    if (runs_here(t)) qpns.push_back(t->qpn());
+  });
+  struct Moving {
+    wire::QpRef ref;
+    std::vector<std::pair<pid_t, int>> holders;
+  };
+  std::vector<Moving> moving;
+  std::map<int, std::map<pid_t, std::pair<int, int>>> votes;  // slot → pid → (its slot, handles)
+  for (uint32_t qpn : qpns) {
+    wire::QpRef ref = wire::find_local(qpn);
+    Qp* t = ref.get();
+    if (!t) continue;
+    std::vector<std::pair<pid_t, int>> holders;
+    {
+      std::lock_guard<std::mutex> lock(t->xrc_mu);
+      for (const auto& o : t->xrc_remote_openers)
+        if (o.first != self && pid_alive(o.first)) holders.push_back(o);
+    }
+    if (holders.empty() || holders.size() > static_cast<size_t>(wire::kMaxXrcSnapshotHolders))
+      continue;
+    for (const auto& [pid, slot] : holders) {
+      auto& v = votes[wire::slot_of_qpn(qpn)][pid];
+      v.first = slot;
+      ++v.second;
+    }
+    moving.push_back({std::move(ref), std::move(holders)});
+  }
+  if (moving.empty()) return;
+  std::map<int, std::pair<pid_t, int>> host;  // slot → (adopter, its slot)
+  for (const auto& [slot, v] : votes) {
+    auto best = std::max_element(v.begin(), v.end(), [](const auto& a, const auto& b) {
+      return a.second.second < b.second.second || (a.second.second == b.second.second && a.first > b.first);
+    });
+    host[slot] = {best->first, best->second.first};
+  }
+  // Nothing answers for these QPs here from now on: the snapshot is their last state.
+  // Requests meanwhile find no one at the address and are retried (verbs: ENXIO).
+  wire::stop_agent();
+  for (const auto& [slot, h] : host)
+    if (slot != wire::my_slot()) wire::stop_serving_slot(slot, true);
+  std::map<int, int> moved;
+  for (Moving& m : moving) {
+    Qp* t = m.ref.get();
+    const int slot = wire::slot_of_qpn(t->qpn());
+    auto snap = std::make_unique<wire::XrcSnapshot>();
+    snap->magic = wire::kXrcSnapshotMagic;
+    snap->qpn = t->qpn();
+    snap->dev = static_cast<uint64_t>(t->xrc_domain->dev);
+    snap->ino = static_cast<uint64_t>(t->xrc_domain->ino);
+    if (query_qp(t, &snap->attr, 0, nullptr) != 0) continue;
+    {
+      std::lock_guard<QueueMutex> lock(t->rq_mu);
+      snap->comm_est = t->comm_est_raised ? 1 : 0;
+    }
+    snap->nholders = static_cast<uint32_t>(m.holders.size());
+    for (size_t i = 0; i < m.holders.size(); ++i)
+      snap->holders[i] = {m.holders[i].first, m.holders[i].second};
+    if (wire::agent_xrc_adopt(host[slot].second, snap.get()) != 0) continue;
+    t->xrc_moved.store(true);
+    ++moved[slot];
+  }
+  for (const auto& [slot, n] : moved) {
+    const auto [pid, pid_slot] = host[slot];
+    if (wire::hand_slot_to(slot, pid, pid_slot)) wire::agent_xrc_commit(pid_slot, slot);
+  }
+}
+
 }  // namespace
+
+void ensure_handover_at_exit() {
+  const pid_t self = wire::self_pid();
+  if (g_handover_registered.exchange(self) != self) std::atexit(handover_at_exit);
+}
+
+void adopted_qp_gone(int slot) {
+  if (slot == wire::my_slot()) return;
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    auto it = g_adopted.find(slot);
+    if (it == g_adopted.end() || --it->second > 0) return;
+    g_adopted.erase(it);
+  }
+  // Its last TGT QP here went: the slot is free for the next process to start.
+  wire::stop_serving_slot(slot, false);
+  wire::release_adopted_slot(slot);
+}
 
 void install_xrc_hooks() {
   wire::XrcHooks h;
@@ -516,6 +773,8 @@ void install_xrc_hooks() {
   h.query = &remote_query;
   h.close = &remote_close;
   h.event = &remote_event;
+  h.adopt = &adopt;
+  h.commit = &commit;
   wire::set_xrc_hooks(h);
   // Our XRC SRQs take messages of other processes' TGT QPs of the domain.
   wire::start_xrc_delivery();
@@ -701,8 +960,9 @@ void free_opened_handle(Qp* h) {
   delete h;
 }
 
-void tgt_qp_destroyed(Context* ctx, const std::shared_ptr<XrcDomain>& domain) {
+void tgt_qp_destroyed(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uint32_t qpn) {
   close_xrcd_domain(domain);
+  adopted_qp_gone(wire::slot_of_qpn(qpn));
   bool last;
   {
     std::lock_guard<std::mutex> lock(ctx->objects_mu);

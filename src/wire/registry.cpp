@@ -132,6 +132,38 @@ int slot_of_pid_with(pid_t pid, uint32_t flag) {
   return -1;
 }
 
+int host_slot(int slot) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table || slot <= 0 || slot >= kSlots) return slot;
+  const uint32_t flags = table[slot].flags.load();
+  const int host = static_cast<int>(flags >> kSlotHostShift);
+  if (!(flags & kSlotAdopted) || host <= 0 || host >= kSlots) return slot;
+  // Only while the adopter holds both entries: either may have changed hands since.
+  const int32_t pid = table[slot].pid.load();
+  return alive(pid) && table[host].pid.load() == pid ? host : slot;
+}
+
+bool hand_slot_to(int slot, pid_t to, int to_slot) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table || slot <= 0 || slot >= kSlots || to_slot <= 0 || to_slot >= kSlots) return false;
+  int32_t self = self_pid();
+  if (table[slot].pid.load() != self) return false;
+  // The flags first: whoever reads the new pid reads them too.
+  table[slot].flags.store(kSlotAdopted | static_cast<uint32_t>(to_slot) << kSlotHostShift);
+  return table[slot].pid.compare_exchange_strong(self, to);
+}
+
+void release_adopted_slot(int slot) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  if (!table || slot <= 0 || slot >= kSlots) return;
+  int32_t self = self_pid();
+  if (slot == g_slot.load() && g_owner.load() == self) return;  // our own: never
+  if (table[slot].pid.compare_exchange_strong(self, 0)) table[slot].flags.store(0);
+}
+
 std::string agent_address(int slot) {
   // Abstract namespace: no file to clean up when a process dies.
   // The state directory is part of the name: registries in different directories (tests

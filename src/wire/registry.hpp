@@ -34,11 +34,25 @@ inline int slot_of_key(uint32_t key) { return static_cast<int>(key >> (8 + kKeyS
 inline uint32_t key_index(uint32_t key) { return (key >> 8) & kKeyIndexMask; }
 // Flags a process publishes in its slot (cleared when the slot is claimed anew).
 inline constexpr uint32_t kSlotHasGsi = 1;  // runs a QP1 agent (an rdma_cm MAD agent)
+// The slot's process ended and handed its XRC TGT QPs that other processes still held to
+// the entry's pid, which serves the slot's agent address (and RoCE datagrams) for them
+// from then on; its own slot is in the bits above kSlotHostShift (verbs/xrc.cpp).
+inline constexpr uint32_t kSlotAdopted = 2;
+inline constexpr int kSlotHostShift = 16;
 void set_my_slot_flag(uint32_t flag, bool on);
 // The lowest slot other than `except` whose live owner has `flag` set, or -1.
 int lowest_slot_with(uint32_t flag, int except);
 // The slot of the live process `pid` when it has `flag` set, else -1.
 int slot_of_pid_with(pid_t pid, uint32_t flag);
+// The slot whose process serves `slot`: the adopter's for an adopted slot whose adopter
+// lives, else `slot` itself.
+int host_slot(int slot);
+// Hands `slot`, ours, to the live process `to` (whose own slot is `to_slot`): from now on
+// its pid is the entry's. False if the slot is not ours.
+bool hand_slot_to(int slot, pid_t to, int to_slot);
+// The adopter lets go of an adopted slot (no TGT QP of it is left here): free for anyone.
+void release_adopted_slot(int slot);
+
 // The abstract Unix socket address of the agent serving `slot`.
 std::string agent_address(int slot);
 

@@ -32,12 +32,6 @@
 
 static char path[] = "/tmp/softverbs-xrc-leave-XXXXXX";
 
-static void modify_state(struct ibv_qp *qp, enum ibv_qp_state s)
-{
-	struct ibv_qp_attr a = {.qp_state = s};
-	CHECK_OK(ibv_modify_qp(qp, &a, IBV_QP_STATE));
-}
-
 /* A SEND of MSG bytes of `fill` from B's INI QP through TGT QP tgt_qpn into B's XRC SRQ:
  * both completions (the receive's wr_id is id + 100) and the payload. */
 static void send_through(struct ibv_qp *ini, struct ibv_cq *cq, struct ibv_cq *rcq,
@@ -67,11 +61,8 @@ static void peer_main(int sock)
 	struct ibv_cq *rcq = sv_create_cq(&d, 64, NULL, NULL);
 	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
 	CHECK_EQ(sv_hear(sock), 1); /* A made the domain */
-	int fd = open(path, O_RDONLY);
-	CHECK(fd >= 0);
-	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, 0);
+	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, 0);
 	CHECKF(x != NULL, "B: open_xrcd: %s", strerror(errno));
-	close(fd);
 	struct ibv_srq *srq = xrc_srq(&d, x, rcq);
 	uint32_t srqn = srq_num(srq);
 	struct ibv_qp *ini = ini_qp(&d, cq);
@@ -132,23 +123,15 @@ static void peer_main(int sock)
 int main(void)
 {
 	sv_init("twoproc_xrc_creator_leaves");
-	if (sv_peer_on_other_host()) {
-		printf("SKIP: same host only (a handle in another process: ibv_open_qp)\n");
+	if (!xrc_same_host_file(path))
 		return 0;
-	}
-	int tmp = mkstemp(path);
-	CHECK(tmp >= 0);
-	close(tmp);
 	pid_t pid;
 	int sock = sv_fork_peer(peer_main, &pid);
 
 	struct sv_dev d;
 	sv_open(&d);
-	int fd = open(path, O_RDONLY);
-	CHECK(fd >= 0);
-	struct ibv_xrcd *x = open_xrcd(d.ctx, fd, O_CREAT);
+	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, O_CREAT);
 	CHECK(x != NULL);
-	close(fd);
 	sv_say(sock, 1);
 	struct ibv_qp *tgt = tgt_qp(&d, x);
 	uint32_t ini_qpn, ours = tgt->qp_num;
@@ -172,13 +155,10 @@ int main(void)
 	for (int i = 0; i < 500 && fcntl(async_fd, F_GETFD) >= 0; i++)
 		usleep(10000);
 	CHECKF(fcntl(async_fd, F_GETFD) == -1 && errno == EBADF, "A: its closed context outlived the QP (async_fd open)");
-	fd = open(path, O_RDONLY);
-	CHECK(fd >= 0);
 	struct sv_dev d3;
 	sv_open(&d3);
-	CHECK(open_xrcd(d3.ctx, fd, 0) == NULL); /* nobody holds the domain: gone */
+	CHECK(open_xrcd_file(d3.ctx, path, 0) == NULL); /* nobody holds the domain: gone */
 	CHECK_EQ(errno, EAGAIN);
-	close(fd);
 	sv_close(&d3);
 
 	sv_step("A: the process that hosted the QP is unharmed");

@@ -6,6 +6,11 @@
 
 #include "common.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 static inline struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags)
 {
 	struct ibv_xrcd_init_attr a = {0};
@@ -13,6 +18,18 @@ static inline struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int of
 	a.fd = fd;
 	a.oflags = oflags;
 	return ibv_open_xrcd(ctx, &a);
+}
+
+/* The domain of the file at `path` (opened for the call only); NULL and errno if refused. */
+static inline struct ibv_xrcd *open_xrcd_file(struct ibv_context *ctx, const char *path, int oflags)
+{
+	int fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct ibv_xrcd *x = open_xrcd(ctx, fd, oflags);
+	int err = errno;
+	close(fd);
+	errno = err;
+	return x;
 }
 
 static inline struct ibv_qp *tgt_qp(struct sv_dev *d, struct ibv_xrcd *x)
@@ -135,6 +152,26 @@ static inline int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op
 	if (op == IBV_WR_SEND_WITH_INV)
 		wr.invalidate_rkey = rkey; /* the window's key to invalidate */
 	return ibv_post_send(qp, &wr, &bad);
+}
+
+/* For the tests of a handle in another process (ibv_open_qp), which run on one host: makes
+ * the domain's file from `path_template` (mkstemp). 0 when the test is skipped (said). */
+static inline int xrc_same_host_file(char *path_template)
+{
+	if (sv_peer_on_other_host()) {
+		printf("SKIP: same host only (a handle in another process: ibv_open_qp)\n");
+		return 0;
+	}
+	int tmp = mkstemp(path_template);
+	CHECK(tmp >= 0);
+	close(tmp);
+	return 1;
+}
+
+static inline void modify_state(struct ibv_qp *qp, enum ibv_qp_state s)
+{
+	struct ibv_qp_attr a = {.qp_state = s};
+	CHECK_OK(ibv_modify_qp(qp, &a, IBV_QP_STATE));
 }
 
 #endif

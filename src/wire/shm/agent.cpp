@@ -1,6 +1,8 @@
 #include "wire/shm/agent.hpp"
 
 #include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -45,6 +47,8 @@ enum Kind : uint32_t {
   // ibv_import_pd/ibv_import_mr across processes (ImportOp in flags), and the destruction
   // of what an importer deregisters.
   kImport = 12,
+  // XRC: a process that ends hands its TGT QPs still held elsewhere to a holder (XrcOp).
+  kXrcAdopt = 13, kXrcCommit = 14,
 };
 
 std::atomic<const XrcHooks*> g_xrc_hooks{nullptr};
@@ -272,6 +276,10 @@ struct Server {
   // The XRC delivery thread: it serves kXrcDeliver only, and never asks another process
   // anything, so that agents forwarding to each other cannot wait on each other in a ring.
   bool delivery = false;
+  // Readable when the thread must stop (an eventfd; -1: never): it closes its sockets,
+  // which frees its address, and sets `stopped`.
+  int stop_fd = -1;
+  std::atomic<bool>* stopped = nullptr;
 };
 
 constexpr int kMaxFds = 4;
@@ -358,6 +366,17 @@ int serve_xrc(const XrcHooks* h, const WireRequest& m, pid_t pid) {
     }
     case kXrcClose:
       return h->close(qpn, pid);
+    case kXrcAdopt: {
+      if (!h->adopt) return ENOSYS;
+      auto snap = std::make_unique<XrcSnapshot>();
+      iovec mine{snap.get(), sizeof(*snap)};
+      iovec from{reinterpret_cast<void*>(m.remote_addr), sizeof(*snap)};
+      if (process_vm_readv(pid, &mine, 1, &from, 1, 0) != static_cast<ssize_t>(sizeof(*snap)))
+        return EFAULT;
+      return h->adopt(*snap, pid);
+    }
+    case kXrcCommit:
+      return h->commit ? h->commit(static_cast<int>(m.flags), pid) : ENOSYS;
     default:
       return EINVAL;
   }
@@ -453,7 +472,7 @@ bool serve_one(const Server& srv, int fd) {
     close(fd);
     return false;
   }
-  if (m.kind >= kXrcOpen && m.kind <= kXrcClose) {
+  if ((m.kind >= kXrcOpen && m.kind <= kXrcClose) || m.kind == kXrcAdopt || m.kind == kXrcCommit) {
     r.kind = Reply::Ack;
     r.status = static_cast<uint32_t>(serve_xrc(xrc, m, cred.pid));
     if (send_message(fd, &r, sizeof(r), kPeerStallMs)) return true;
@@ -557,17 +576,28 @@ bool serve_one(const Server& srv, int fd) {
 }
 
 void serve(Server srv) {
-  std::vector<pollfd> fds{{srv.listen_fd, POLLIN, 0}};
+  // fds[0]: the listening socket, fds[1]: the stop eventfd (or -1, never readable).
+  std::vector<pollfd> fds{{srv.listen_fd, POLLIN, 0}, {srv.stop_fd, POLLIN, 0}};
   for (;;) {
     if (poll(fds.data(), fds.size(), -1) < 0) {
       if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents & POLLIN) {
+      // Every connection goes: its peer sees a hang-up and connects anew, to whoever
+      // took the address over.
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (i != 1) close(fds[i].fd);
+      close(srv.stop_fd);
+      srv.stopped->store(true);
+      srv.stopped->notify_all();
       return;
     }
     if (fds[0].revents & POLLIN) {
       int c = accept4(srv.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (c >= 0) fds.push_back({c, POLLIN, 0});
     }
-    for (size_t i = 1; i < fds.size();) {
+    for (size_t i = 2; i < fds.size();) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
         if (!serve_one(srv, fds[i].fd)) {
           fds.erase(fds.begin() + static_cast<long>(i));
@@ -581,6 +611,16 @@ void serve(Server srv) {
 
 std::mutex g_server_mu;
 pid_t g_server_pid = 0;
+// The agent's stop eventfd and flag (made once; never freed: its thread may outlive exit).
+int g_server_stop_fd = -1;
+std::atomic<bool>* g_server_stopped = nullptr;
+// Slots of processes that ended which this process serves (adopted XRC TGT QPs): each
+// has a thread like the agent's on that slot's address.
+struct AdoptedServer {
+  int stop_fd;
+  std::atomic<bool>* stopped;
+};
+std::map<int, AdoptedServer>* g_adopted_servers = new std::map<int, AdoptedServer>;
 pid_t g_delivery_pid = 0;
 ShmHooks g_shm_hooks;  // start_agent's, for the delivery thread too
 
@@ -735,7 +775,67 @@ void start_agent(const ShmHooks& shm) {
     close(fd);
     return;
   }
-  std::thread(serve, Server{engine_hooks(), shm, fd}).detach();
+  g_server_stop_fd = eventfd(0, EFD_CLOEXEC);
+  g_server_stopped = new std::atomic<bool>(false);
+  std::thread(serve, Server{engine_hooks(), shm, fd, false, g_server_stop_fd, g_server_stopped})
+      .detach();
+}
+
+namespace {
+
+// Waits (at most the agent's reply deadline and a second) until `stopped`.
+bool wait_stopped(std::atomic<bool>* stopped) {
+  const timespec pause{0, 1000000};
+  for (int ms = 0; ms < kReplyTimeoutMs + 1000; ++ms) {
+    if (stopped->load()) return true;
+    nanosleep(&pause, nullptr);
+  }
+  return stopped->load();
+}
+
+}  // namespace
+
+bool stop_agent() {
+  std::lock_guard<std::mutex> lock(g_server_mu);
+  if (g_server_pid != getpid() || g_server_stop_fd < 0) return false;
+  const uint64_t one = 1;
+  if (write(g_server_stop_fd, &one, sizeof(one)) != sizeof(one)) return false;
+  g_server_pid = 0;
+  return wait_stopped(g_server_stopped);
+}
+
+bool serve_adopted_slot(int slot) {
+  std::lock_guard<std::mutex> lock(g_server_mu);
+  if (slot <= 0 || slot >= kSlots || g_adopted_servers->count(slot)) return true;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  socklen_t len;
+  sockaddr_un addr = make_address(slot, &len);
+  int stop = eventfd(0, EFD_CLOEXEC);
+  if (stop < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 64) != 0) {
+    if (stop >= 0) close(stop);
+    close(fd);
+    return false;
+  }
+  auto* stopped = new std::atomic<bool>(false);
+  (*g_adopted_servers)[slot] = {stop, stopped};
+  std::thread(serve, Server{engine_hooks(), g_shm_hooks, fd, false, stop, stopped}).detach();
+  return true;
+}
+
+void stop_serving_slot(int slot, bool wait) {
+  std::atomic<bool>* stopped;
+  {
+    std::lock_guard<std::mutex> lock(g_server_mu);
+    auto it = g_adopted_servers->find(slot);
+    if (it == g_adopted_servers->end()) return;
+    const uint64_t one = 1;
+    (void)!write(it->second.stop_fd, &one, sizeof(one));
+    stopped = it->second.stopped;
+    g_adopted_servers->erase(it);
+  }
+  // (Not waited for when the last QP's destroy asks: that may run on the thread itself.)
+  if (wait) wait_stopped(stopped);
 }
 
 namespace {
@@ -882,20 +982,24 @@ void set_xrc_hooks(const XrcHooks& hooks) {
   g_xrc_hooks.store(&installed, std::memory_order_release);
 }
 
-int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_qp_attr* attr,
-              int mask) {
+namespace {
+
+// One XRC request to the agent of `slot` and its status: 0 or an errno value (ENXIO: no answer).
+int xrc_call(int slot, WireRequest& m) {
   std::shared_ptr<Connection> c = connection(slot);
   std::lock_guard<std::mutex> lock(c->mu);
-  WireRequest m{};
   m.magic = kMagic;
-  m.kind = static_cast<uint32_t>(op);
   m.src_qpn = static_cast<uint32_t>(my_slot());
-  m.dst_qpn = qpn;
-  m.flags = static_cast<uint32_t>(mask);
-  m.compare_add = dev;
-  m.swap = ino;
-  m.remote_addr = reinterpret_cast<uint64_t>(attr);
-  if (!send_request(*c, slot, m, kReplyTimeoutMs)) return ENXIO;
+  // A slot whose live process does not take connections is being handed over as that
+  // process ends (verbs/xrc.cpp): its adopter takes the address within moments.
+  const bool may_wait = m.kind != kXrcAdopt && m.kind != kXrcCommit;
+  for (int waited_ms = 0; !send_request(*c, slot, m, kReplyTimeoutMs); waited_ms += 2) {
+    const pid_t owner = slot_owner(slot);
+    if (!may_wait || waited_ms >= 1000 || owner <= 0 || (kill(owner, 0) != 0 && errno == ESRCH))
+      return ENXIO;
+    const timespec pause{0, 2000000};
+    nanosleep(&pause, nullptr);
+  }
   WireReply r{};
   int ready = wait_readable(c->fd, kReplyTimeoutMs);
   if (ready <= 0 || recv(c->fd, &r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r)) ||
@@ -904,6 +1008,35 @@ int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_
     return ENXIO;
   }
   return static_cast<int>(r.status);
+}
+
+}  // namespace
+
+int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_qp_attr* attr,
+              int mask) {
+  WireRequest m{};
+  m.kind = static_cast<uint32_t>(op);
+  m.dst_qpn = qpn;
+  m.flags = static_cast<uint32_t>(mask);
+  m.compare_add = dev;
+  m.swap = ino;
+  m.remote_addr = reinterpret_cast<uint64_t>(attr);
+  return xrc_call(slot, m);
+}
+
+int agent_xrc_adopt(int slot, const XrcSnapshot* snap) {
+  WireRequest m{};
+  m.kind = kXrcAdopt;
+  m.dst_qpn = snap->qpn;
+  m.remote_addr = reinterpret_cast<uint64_t>(snap);
+  return xrc_call(slot, m);
+}
+
+int agent_xrc_commit(int slot, int adopted_slot) {
+  WireRequest m{};
+  m.kind = kXrcCommit;
+  m.flags = static_cast<uint32_t>(adopted_slot);
+  return xrc_call(slot, m);
 }
 
 void set_import_hooks(const ImportHooks& hooks) {
@@ -960,7 +1093,7 @@ void agent_xrc_event(int slot, uint32_t qpn, int type) {
   WireRequest m{};
   m.magic = kMagic;
   m.kind = kXrcEvent;
-  m.src_qpn = static_cast<uint32_t>(my_slot());
+  m.src_qpn = static_cast<uint32_t>(slot_of_qpn(qpn));  // whoever hosts it now (adopted)
   m.dst_qpn = qpn;
   m.imm = static_cast<uint32_t>(type);
   send_oneway(slot, m);
