@@ -18,6 +18,7 @@
 #include "engine/engine.hpp"
 #include "core/core.hpp"
 #include "wire/registry.hpp"
+#include "wire/router.hpp"
 #include "wire/transport.hpp"
 
 namespace softverbs::engine {
@@ -201,9 +202,11 @@ void watch_peer_of(Qp* qp) {
   int slot;
   {
     std::lock_guard<std::mutex> lock(qp->attr_mu);
+    // A peer on another host: its QPN's slot is of that host's registry, and no process of
+    // ours (the RoCE link's retries find out whether the peer is there).
+    if (wire::route(qp->attr.ah_attr.grh.dgid, qp->attr.dest_qp_num) != wire::Route::Shm) return;
     slot = wire::slot_of_qpn(qp->attr.dest_qp_num);
   }
-  if (slot == wire::my_slot()) return;
   pid_t pid = wire::slot_owner(slot);
   if (pid <= 0) return;
   {

@@ -1516,13 +1516,14 @@ void roce_detach_mcast(Qp* qp, const ibv_gid& gid) {
   if (gone->port_held) port().release();
 }
 
-void roce_destroy(Qp* qp) {
+void roce_destroy(Qp* qp, RoceResume* resume) {
   RoceLink* link = qp->roce.exchange(nullptr, std::memory_order_acq_rel);
   if (!link) return;
   {
     std::lock_guard<std::mutex> lock(link->mu);
     link->emit_held_ack();
     RoceLink::flush();
+    if (resume) *resume = {true, link->pq.expected_psn(), link->pq.msn()};
   }
   {
     const uint32_t qpn = qp->qpn();
@@ -1532,6 +1533,17 @@ void roce_destroy(Qp* qp) {
   port().cancel(qp->qpn());
   if (link->port_held) port().release();
   delete link;
+}
+
+void roce_resume(Qp* qp, const RoceResume& resume) {
+  RoceLink* link = qp->roce.load(std::memory_order_acquire);
+  if (!link || !resume.has_link) return;
+  std::lock_guard<std::mutex> lock(link->mu);
+  link->pq.resume_msn(resume.msn);
+}
+
+void roce_steering_changed() {
+  if (port().is_open()) port().relearn_steering();
 }
 
 }  // namespace softverbs::engine

@@ -85,7 +85,18 @@ void roce_release_gsi(Qp* qp);
 // Without the port (another user holds 4791) the group still works on this host.
 int roce_attach_mcast(Qp* qp, const ibv_gid& gid);
 void roce_detach_mcast(Qp* qp, const ibv_gid& gid);
-// Frees the link, after wire::unregister_qp (nothing can look the QP up any more).
-void roce_destroy(Qp* qp);
+// Frees the link, after wire::unregister_qp (nothing can look the QP up any more). With
+// `resume`, what another process needs to go on answering the connection: the responder's
+// expected PSN and MSN once the link took its last packet (has_link false: no link).
+struct RoceResume {
+  bool has_link = false;
+  uint32_t epsn = 0, msn = 0;
+};
+void roce_destroy(Qp* qp, RoceResume* resume = nullptr);
+// On the QP built again from such a resume (after its modify to RTR): the MSN.
+void roce_resume(Qp* qp, const RoceResume& resume);
+// This process now serves another registry slot's QPs (an adopted XRC slot): the port's
+// group learns the steering again.
+void roce_steering_changed();
 
 }  // namespace softverbs::engine

@@ -31,6 +31,7 @@
 #include "common/state_dir.hpp"
 #include "core/device.hpp"
 #include "engine/engine.hpp"
+#include "engine/roce.hpp"
 #include "verbs/verbs.hpp"
 #include "wire/registry.hpp"
 #include "wire/shm/agent.hpp"
@@ -641,10 +642,14 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
     t->xrc_remote_openers = holders;
     t->xrc_handles = static_cast<int>(holders.size());
   }
-  if (int err = replay_state(t, s.attr)) {
+  // On the wire, the connection goes on where the ending process's responder was.
+  ibv_qp_attr attr = s.attr;
+  if (s.has_link) attr.rq_psn = s.epsn & 0xffffff;
+  if (int err = replay_state(t, attr)) {
     destroy_qp_now(t);
     return err;
   }
+  engine::roce_resume(t, {s.has_link != 0, s.epsn, s.msn});
   if (s.comm_est) {
     std::lock_guard<QueueMutex> lock(t->rq_mu);
     t->comm_est_raised = true;
@@ -664,7 +669,9 @@ int commit(int slot, pid_t) {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
     if (!g_adopted.count(slot)) return ENOENT;
   }
-  return wire::serve_adopted_slot(slot) ? 0 : EADDRINUSE;
+  if (!wire::serve_adopted_slot(slot)) return EADDRINUSE;
+  engine::roce_steering_changed();  // datagrams for the slot come here now
+  return 0;
 }
 
 std::atomic<pid_t> g_handover_registered{0};
@@ -722,10 +729,19 @@ void handover_at_exit() {
   std::map<int, int> moved;
   for (Moving& m : moving) {
     Qp* t = m.ref.get();
+    m.ref.reset();
     const int slot = wire::slot_of_qpn(t->qpn());
+    // Nothing reaches it here any more (our agent stopped; the port's thread finds no QP),
+    // and its RoCE responder's place in the connection is final.
+    wire::unregister_qp(t->qpn());
+    engine::RoceResume resume;
+    engine::roce_destroy(t, &resume);
     auto snap = std::make_unique<wire::XrcSnapshot>();
     snap->magic = wire::kXrcSnapshotMagic;
     snap->qpn = t->qpn();
+    snap->has_link = resume.has_link ? 1 : 0;
+    snap->epsn = resume.epsn;
+    snap->msn = resume.msn;
     snap->dev = static_cast<uint64_t>(t->xrc_domain->dev);
     snap->ino = static_cast<uint64_t>(t->xrc_domain->ino);
     if (query_qp(t, &snap->attr, 0, nullptr) != 0) continue;

@@ -25,7 +25,7 @@ struct Entry {
 static_assert(sizeof(Entry) == 8);
 
 std::mutex g_mu;
-Entry* g_table = nullptr;
+std::atomic<Entry*> g_table{nullptr};  // set once, under g_mu
 std::atomic<pid_t> g_owner{0};
 std::atomic<int> g_slot{0};
 std::atomic<pid_t> g_pid{0};
@@ -33,7 +33,7 @@ std::atomic<pid_t> g_pid{0};
 bool alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 Entry* map_table() {
-  if (g_table) return g_table;
+  if (Entry* t = g_table.load()) return t;
   std::string dir = state_dir();
   mkdir(dir.c_str(), 0700);
   std::string path = dir + "/registry";
@@ -48,8 +48,8 @@ Entry* map_table() {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return nullptr;
-  g_table = static_cast<Entry*>(p);
-  return g_table;
+  g_table.store(static_cast<Entry*>(p));
+  return static_cast<Entry*>(p);
 }
 
 }  // namespace
@@ -153,6 +153,25 @@ bool hand_slot_to(int slot, pid_t to, int to_slot) {
   // The flags first: whoever reads the new pid reads them too.
   table[slot].flags.store(kSlotAdopted | static_cast<uint32_t>(to_slot) << kSlotHostShift);
   return table[slot].pid.compare_exchange_strong(self, to);
+}
+
+bool hosted_by_me(int slot) {
+  Entry* table = g_table.load();  // mapped once, never unmapped
+  if (!table) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    table = map_table();
+  }
+  if (!table || slot <= 0 || slot >= kSlots) return false;
+  return (table[slot].flags.load() & kSlotAdopted) && table[slot].pid.load() == self_pid();
+}
+
+std::vector<std::pair<int, int>> adopted_slots() {
+  std::vector<std::pair<int, int>> out;
+  for (int s = 1; s < kSlots - 1; ++s) {
+    const int host = host_slot(s);
+    if (host != s) out.push_back({s, host});
+  }
+  return out;
 }
 
 void release_adopted_slot(int slot) {

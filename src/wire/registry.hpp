@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace softverbs::wire {
 
@@ -50,6 +52,11 @@ int host_slot(int slot);
 // Hands `slot`, ours, to the live process `to` (whose own slot is `to_slot`): from now on
 // its pid is the entry's. False if the slot is not ours.
 bool hand_slot_to(int slot, pid_t to, int to_slot);
+// True when this process serves `slot` as its adopter (no system call: the RoCE port asks
+// per datagram of a slot not its own).
+bool hosted_by_me(int slot);
+// Every adopted slot whose adopter lives, with the adopter's own slot.
+std::vector<std::pair<int, int>> adopted_slots();
 // The adopter lets go of an adopted slot (no TGT QP of it is left here): free for anyone.
 void release_adopted_slot(int slot);
 

@@ -1,7 +1,9 @@
 /*
  * An XRC TGT QP outlives the process that created it when that process ends with exit()
  * while another process holds a handle on it (the kernel keeps a TGT QP while any process
- * holds a handle: ibv_open_qp(3)). Same host, three processes:
+ * holds a handle: ibv_open_qp(3)). Three processes, A and B on one host, C on that host
+ * too or, with $SV_PEER_NETNS (hosts.twoproc.xrc_creator_exits), on the other host over
+ * RoCE v2:
  *  - A (child) creates the domain on a file and the TGT QP, connects it to C's INI QP, and
  *    ends with exit(0), everything still open;
  *  - B (the test) opens the domain, owns the XRC SRQ and holds a handle on the TGT QP;
@@ -18,11 +20,14 @@
  *     domain closed, the domain too (opening without O_CREAT: EAGAIN).
  * Before the hand-over, B's handle got IBV_EVENT_QP_FATAL at A's exit (as it still does
  * when A is killed: conformance.twoproc_xrc_creator_dies).
+ * Over RoCE v2, the TGT QP's responder goes on in B where A's stopped (the expected PSN
+ * and MSN are handed over) and the host's port steers the QP's datagrams to B.
  */
 #include "common.h"
 #include "xrc_helpers.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,8 +61,11 @@ static void creator_main(int sock)
 	CHECK(x != NULL);
 	struct ibv_qp *tgt = tgt_qp(&d, x);
 	uint32_t ini_qpn, ours = tgt->qp_num;
+	union ibv_gid peer; /* C's, when C is on the other host (else zero) */
+	static const union ibv_gid none;
 	sv_exchange(sock, &ours, &ini_qpn, sizeof(ours));
-	connect_xrc(tgt, &d, ini_qpn, 0);
+	CHECK_EQ(read(sock, &peer, sizeof(peer)), (ssize_t)sizeof(peer));
+	connect_xrc_gid(tgt, &d, ini_qpn, 0, memcmp(&peer, &none, sizeof(peer)) ? &peer : NULL);
 	sv_say(sock, 1);
 	CHECK_EQ(sv_hear(sock), 2);
 	exit(0); /* everything still open; the atexit handlers run */
@@ -85,6 +93,7 @@ static void sender_main(int sock)
 	struct ibv_qp *ini = ini_qp(&d, cq);
 	uint32_t tgt_qpn, ours = ini->qp_num;
 	sv_exchange(sock, &ours, &tgt_qpn, sizeof(ours));
+	sv_trade_gid(sock, ini);
 	connect_xrc(ini, &d, tgt_qpn, 1);
 	uint64_t id = 1;
 	for (;;) {
@@ -165,13 +174,30 @@ static void expect_send(int csock, struct ibv_srq *srq, uint32_t srqn, struct ib
 	CHECKF(sv_ptr(mr, 4096)[0] == fill && sv_ptr(mr, 4096)[MSG - 1] == fill, "B: SEND payload");
 }
 
+/* A, on this host whichever host C is on (sv_fork_peer would put it with C). */
+static int fork_on_this_host(void (*peer_main)(int sock), pid_t *pid)
+{
+	int sv[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+	*pid = fork();
+	CHECK(*pid >= 0);
+	if (*pid == 0) {
+		close(sv[0]);
+		peer_main(sv[1]);
+		_exit(0);
+	}
+	close(sv[1]);
+	return sv[0];
+}
+
 int main(void)
 {
 	sv_init("twoproc_xrc_creator_exits");
-	if (!xrc_same_host_file(path))
-		return 0;
+	int tmp = mkstemp(path);
+	CHECK(tmp >= 0);
+	close(tmp);
 	pid_t apid, cpid;
-	int asock = sv_fork_peer(creator_main, &apid);
+	int asock = fork_on_this_host(creator_main, &apid);
 	int csock = sv_fork_peer(sender_main, &cpid);
 
 	struct sv_dev d;
@@ -180,15 +206,21 @@ int main(void)
 	struct ibv_mr *mr = sv_alloc_mr(d.pd, MR_LEN, SV_ACCESS_ALL);
 	uint32_t tgt_qpn, ini_qpn;
 	CHECK_EQ(read(asock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
-	sv_exchange(csock, &tgt_qpn, &ini_qpn, sizeof(ini_qpn));
-	CHECK_EQ(write(asock, &ini_qpn, sizeof(ini_qpn)), (ssize_t)sizeof(ini_qpn));
-	CHECK_EQ(sv_hear(asock), 1); /* A made the domain and connected its TGT QP */
+	/* A made the domain and its TGT QP */
 	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, 0);
 	CHECKF(x != NULL, "B: open_xrcd: %s", strerror(errno));
 	struct ibv_srq *srq = xrc_srq(&d, x, rcq);
 	uint32_t srqn = srq_num(srq);
 	struct ibv_qp *h = open_tgt(d.ctx, x, tgt_qpn);
 	CHECKF(h != NULL, "B: ibv_open_qp: %s", strerror(errno));
+	sv_exchange(csock, &tgt_qpn, &ini_qpn, sizeof(ini_qpn));
+	sv_trade_gid(csock, h); /* C's GID, for A's TGT QP (between hosts) */
+	union ibv_gid cgid = {0};
+	if (sv_peer_gid(h))
+		cgid = *sv_peer_gid(h);
+	CHECK_EQ(write(asock, &ini_qpn, sizeof(ini_qpn)), (ssize_t)sizeof(ini_qpn));
+	CHECK_EQ(write(asock, &cgid, sizeof(cgid)), (ssize_t)sizeof(cgid));
+	CHECK_EQ(sv_hear(asock), 1); /* A connected its TGT QP */
 
 	sv_step("B: a SEND from C through A's TGT QP");
 	expect_send(csock, srq, srqn, rcq, mr, 1, 'a', tgt_qpn, ini_qpn);

@@ -107,7 +107,17 @@ static inline struct ibv_qp *open_tgt(struct ibv_context *ctx, struct ibv_xrcd *
 
 /* INIT, then RTR to dest (and RTS for an INI QP), with the masks the kernel's table wants
  * for XRC: an INI QP takes no receive attributes (max_dest_rd_atomic: EINVAL). */
+static inline void connect_xrc_gid(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest,
+				   int ini, const union ibv_gid *peer);
+
 static inline void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest, int ini)
+{
+	connect_xrc_gid(qp, d, dest, ini, sv_peer_gid(qp));
+}
+
+/* The same, towards the GID `peer` (NULL: a QP on this host). */
+static inline void connect_xrc_gid(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest,
+				   int ini, const union ibv_gid *peer)
 {
 	struct sv_pair_cfg cfg;
 	sv_pair_cfg_init(&cfg);
@@ -120,7 +130,6 @@ static inline void connect_xrc(struct ibv_qp *qp, const struct sv_dev *d, uint32
 	a.max_dest_rd_atomic = 4;
 	a.min_rnr_timer = 1;
 	a.ah_attr.is_global = 1;
-	const union ibv_gid *peer = sv_peer_gid(qp);
 	a.ah_attr.grh.dgid = peer ? *peer : d->gid;
 	a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
 	a.ah_attr.grh.hop_limit = 1;

@@ -269,6 +269,10 @@ class PacketQp {
   uint32_t mtu() const { return mtu_; }
   uint32_t next_send_psn() const { return next_psn_; }
   uint32_t expected_psn() const { return epsn_; }
+  // The responder's message sequence number, and setting it on a QP built again elsewhere
+  // from another process's (an XRC TGT QP handed over: verbs/xrc.cpp).
+  uint32_t msn() const { return msn_; }
+  void resume_msn(uint32_t msn) { msn_ = msn & kPsnMask; }
   size_t send_queue_depth() const { return sq_.size(); }
   // Where `softverbs stat` reads the live PSNs and the send queue (verbs/stat_publish.cpp).
   const void* next_psn_address() const { return &next_psn_; }

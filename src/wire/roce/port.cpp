@@ -951,7 +951,8 @@ void Port::route(const Datagram& d) {
     ++stats_.dropped;
     return;
   }
-  if (slot == slot_ || reserved_slot(slot)) return deliver(d);
+  // An adopted slot's QPs (an ended process's XRC TGT QPs, verbs/xrc.cpp) are ours too.
+  if (slot == slot_ || reserved_slot(slot) || hosted_by_me(slot)) return deliver(d);
   if (forward(d, slot)) {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);

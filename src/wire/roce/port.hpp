@@ -136,6 +136,8 @@ class Port {
   int acquire();
   void release();
   bool is_open() const { return fd_group_ >= 0; }
+  // The slots this process serves changed (it adopted one): the group learns them again.
+  void relearn_steering() { nudge_group(); }
   // The group socket's receive buffer, as the kernel set it (SO_RCVBUF asks 4 MiB; the
   // kernel caps it at net.core.rmem_max and doubles it); 0 before the first open.
   size_t receive_buffer_bytes() const { return rcvbuf_bytes_.load(std::memory_order_relaxed); }

@@ -69,7 +69,9 @@ bool Port::forward(const Datagram& d, int slot) {
   std::memcpy(h.dst, d.dst.bytes.data(), 16);
   iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(d.data), d.size}};
   socklen_t len;
-  sockaddr_un to = unix_sockaddr(forward_address(config_.state_dir, config_.udp_port, slot), len);
+  // An adopted slot is served by its adopter's socket (verbs/xrc.cpp).
+  const int host = host_slot(slot);
+  sockaddr_un to = unix_sockaddr(forward_address(config_.state_dir, config_.udp_port, host), len);
   msghdr msg{};
   msg.msg_name = &to;
   msg.msg_namelen = len;
@@ -111,7 +113,8 @@ void Port::handle_forwarded() {
     d.size = n >= ssize_t(sizeof h) ? size_t(n) - sizeof h : 0;
     const int slot = destination_slot(d.data, d.size);
     if (!same_user || (msg.msg_flags & MSG_TRUNC) || n < ssize_t(sizeof h) ||
-        h.magic != kForwardMagic || slot < 0 || (slot != slot_ && !reserved_slot(slot))) {
+        h.magic != kForwardMagic || slot < 0 ||
+        (slot != slot_ && !reserved_slot(slot) && !hosted_by_me(slot))) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.dropped;  // never forwarded twice: no loops
       continue;
@@ -229,9 +232,17 @@ void Port::finish_round_if_done(bool deadline_passed) {
     seen[size_t(s)] = true;
     routes.push_back({uint32_t(s), k});
   }
+  // An adopted slot goes where its adopter is (an ended process's XRC TGT QPs).
+  const size_t members = routes.size();
+  for (const auto& [adopted, host] : adopted_slots())
+    for (size_t i = 0; i < members; ++i)
+      if (routes[i].slot == uint32_t(host) && !seen[size_t(adopted)]) {
+        seen[size_t(adopted)] = true;
+        routes.push_back({uint32_t(adopted), routes[i].index});
+      }
   // QP1 (the CM's) and the reserved slots go to the member with the lowest slot.
   if (!routes.empty()) {
-    const Route lowest = *std::min_element(routes.begin(), routes.end(), [](auto& a, auto& b) {
+    const Route lowest = *std::min_element(routes.begin(), routes.begin() + long(members), [](auto& a, auto& b) {
       return a.slot < b.slot;
     });
     routes.push_back({0, lowest.index});
