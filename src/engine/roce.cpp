@@ -1523,7 +1523,7 @@ void roce_destroy(Qp* qp, RoceResume* resume) {
     std::lock_guard<std::mutex> lock(link->mu);
     link->emit_held_ack();
     RoceLink::flush();
-    if (resume) *resume = {true, link->pq.expected_psn(), link->pq.msn()};
+    if (resume) *resume = {true, link->pq.expected_psn(), link->pq.msn(), link->pq.comm_est_raised()};
   }
   {
     const uint32_t qpn = qp->qpn();
@@ -1539,7 +1539,7 @@ void roce_resume(Qp* qp, const RoceResume& resume) {
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link || !resume.has_link) return;
   std::lock_guard<std::mutex> lock(link->mu);
-  link->pq.resume_msn(resume.msn);
+  link->pq.resume(resume.msn, resume.comm_est_raised);
 }
 
 void roce_steering_changed() {

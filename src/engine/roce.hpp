@@ -91,9 +91,10 @@ void roce_detach_mcast(Qp* qp, const ibv_gid& gid);
 struct RoceResume {
   bool has_link = false;
   uint32_t epsn = 0, msn = 0;
+  bool comm_est_raised = false;  // Communication Established was raised (not again)
 };
 void roce_destroy(Qp* qp, RoceResume* resume = nullptr);
-// On the QP built again from such a resume (after its modify to RTR): the MSN.
+// On the QP built again from such a resume (after its modify to RTR): the MSN, COMM_EST.
 void roce_resume(Qp* qp, const RoceResume& resume);
 // This process now serves another registry slot's QPs (an adopted XRC slot): the port's
 // group learns the steering again.

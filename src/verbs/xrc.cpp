@@ -649,7 +649,7 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
     destroy_qp_now(t);
     return err;
   }
-  engine::roce_resume(t, {s.has_link != 0, s.epsn, s.msn});
+  engine::roce_resume(t, {s.has_link != 0, s.epsn, s.msn, s.comm_est != 0});
   if (s.comm_est) {
     std::lock_guard<QueueMutex> lock(t->rq_mu);
     t->comm_est_raised = true;
@@ -742,12 +742,13 @@ void handover_at_exit() {
     snap->has_link = resume.has_link ? 1 : 0;
     snap->epsn = resume.epsn;
     snap->msn = resume.msn;
+    snap->comm_est = resume.comm_est_raised ? 1 : 0;
     snap->dev = static_cast<uint64_t>(t->xrc_domain->dev);
     snap->ino = static_cast<uint64_t>(t->xrc_domain->ino);
     if (query_qp(t, &snap->attr, 0, nullptr) != 0) continue;
     {
       std::lock_guard<QueueMutex> lock(t->rq_mu);
-      snap->comm_est = t->comm_est_raised ? 1 : 0;
+      snap->comm_est |= t->comm_est_raised ? 1 : 0;
     }
     snap->nholders = static_cast<uint32_t>(m.holders.size());
     for (size_t i = 0; i < m.holders.size(); ++i)

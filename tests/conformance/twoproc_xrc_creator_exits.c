@@ -7,9 +7,13 @@
  *  - A (child) creates the domain on a file and the TGT QP, connects it to C's INI QP, and
  *    ends with exit(0), everything still open;
  *  - B (the test) opens the domain, owns the XRC SRQ and holds a handle on the TGT QP;
- *  - C (child) has the INI QP and sends through the TGT QP into B's SRQ.
+ *  - C (child) has the INI QP and sends through the TGT QP into B's SRQ;
+ *  - D (child, A's host) holds two handles on the TGT QP, so A hands the QP to D (the
+ *    holder with the most handles), and D, ending with exit(0) in turn, to B: a QP handed
+ *    over twice.
  * After A's exit, nothing of the move shows:
- *  1. B's handle gets no event and queries RTR; C's INI QP gets no event either, past the
+ *  1. B's handle gets no event and queries RTR (after A's exit, and after D's); C's INI QP
+ *     gets no event either, past the
  *     time in which it would fail had its peer died (timeout x (retry_cnt + 1));
  *  2. C's SEND, WRITE and READ into B complete, the receive naming the same TGT QP number;
  *  3. the QP's events reach B's handle: a SEND naming no SRQ of the domain fails the QP
@@ -69,6 +73,24 @@ static void creator_main(int sock)
 	sv_say(sock, 1);
 	CHECK_EQ(sv_hear(sock), 2);
 	exit(0); /* everything still open; the atexit handlers run */
+}
+
+/* ---- D: two handles, the first adopter ------------------------------------------------ */
+
+static void holder_main(int sock)
+{
+	struct sv_dev d;
+	sv_open(&d);
+	uint32_t tgt_qpn;
+	CHECK_EQ(read(sock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
+	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, 0);
+	CHECKF(x != NULL, "D: open_xrcd: %s", strerror(errno));
+	struct ibv_qp *h1 = open_tgt(d.ctx, x, tgt_qpn), *h2 = open_tgt(d.ctx, x, tgt_qpn);
+	CHECKF(h1 && h2, "D: ibv_open_qp: %s", strerror(errno));
+	sv_say(sock, 1);
+	CHECK_EQ(sv_hear(sock), 2); /* A has exited: D runs the QP now */
+	CHECK_EQ(sv_query_state(h1), IBV_QPS_RTR);
+	exit(0); /* and hands it on to B */
 }
 
 /* ---- C: the INI QP --------------------------------------------------------------------- */
@@ -196,8 +218,9 @@ int main(void)
 	int tmp = mkstemp(path);
 	CHECK(tmp >= 0);
 	close(tmp);
-	pid_t apid, cpid;
+	pid_t apid, cpid, dpid;
 	int asock = fork_on_this_host(creator_main, &apid);
+	int dsock = fork_on_this_host(holder_main, &dpid);
 	int csock = sv_fork_peer(sender_main, &cpid);
 
 	struct sv_dev d;
@@ -221,6 +244,8 @@ int main(void)
 	CHECK_EQ(write(asock, &ini_qpn, sizeof(ini_qpn)), (ssize_t)sizeof(ini_qpn));
 	CHECK_EQ(write(asock, &cgid, sizeof(cgid)), (ssize_t)sizeof(cgid));
 	CHECK_EQ(sv_hear(asock), 1); /* A connected its TGT QP */
+	CHECK_EQ(write(dsock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
+	CHECK_EQ(sv_hear(dsock), 1); /* D holds its two handles */
 
 	sv_step("B: a SEND from C through A's TGT QP");
 	expect_send(csock, srq, srqn, rcq, mr, 1, 'a', tgt_qpn, ini_qpn);
@@ -234,6 +259,14 @@ int main(void)
 	       ibv_event_type_str(ev.event_type));
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 	expect_send(csock, srq, srqn, rcq, mr, 2, 'b', tgt_qpn, ini_qpn);
+
+	sv_step("D, which took the QP over, exits too");
+	sv_say(dsock, 2);
+	sv_wait_peer(dpid, "D");
+	CHECKF(!sv_wait_async(d.ctx, SV_QUIET_MS, &ev), "B: an event (%s) after D's exit",
+	       ibv_event_type_str(ev.event_type));
+	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+	expect_send(csock, srq, srqn, rcq, mr, 6, 'f', tgt_qpn, ini_qpn);
 	sv_sleep_ms(1000); /* past 8 x 67 ms: C's INI QP would have failed by now had A died */
 	struct answer a = ask(csock, DO_QUIET, 0, 0, NULL);
 	CHECK_EQ(a.events, 0);

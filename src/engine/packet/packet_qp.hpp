@@ -272,7 +272,11 @@ class PacketQp {
   // The responder's message sequence number, and setting it on a QP built again elsewhere
   // from another process's (an XRC TGT QP handed over: verbs/xrc.cpp).
   uint32_t msn() const { return msn_; }
-  void resume_msn(uint32_t msn) { msn_ = msn & kPsnMask; }
+  bool comm_est_raised() const { return comm_est_raised_; }
+  void resume(uint32_t msn, bool comm_est_raised) {
+    msn_ = msn & kPsnMask;
+    comm_est_raised_ = comm_est_raised;
+  }
   size_t send_queue_depth() const { return sq_.size(); }
   // Where `softverbs stat` reads the live PSNs and the send queue (verbs/stat_publish.cpp).
   const void* next_psn_address() const { return &next_psn_; }
