@@ -1523,7 +1523,7 @@ void roce_destroy(Qp* qp, RoceResume* resume) {
     std::lock_guard<std::mutex> lock(link->mu);
     link->emit_held_ack();
     RoceLink::flush();
-    if (resume) *resume = {true, link->pq.expected_psn(), link->pq.msn(), link->pq.comm_est_raised()};
+    if (resume) *resume = {true, link->pq.responder_state()};
   }
   {
     const uint32_t qpn = qp->qpn();
@@ -1539,11 +1539,13 @@ void roce_resume(Qp* qp, const RoceResume& resume) {
   RoceLink* link = qp->roce.load(std::memory_order_acquire);
   if (!link || !resume.has_link) return;
   std::lock_guard<std::mutex> lock(link->mu);
-  link->pq.resume(resume.msn, resume.comm_est_raised);
+  link->pq.resume_responder(resume.responder);
 }
 
 void roce_steering_changed() {
   if (port().is_open()) port().relearn_steering();
 }
+
+void roce_slot_handed_over() { port().own_slot_handed_over(); }
 
 }  // namespace softverbs::engine

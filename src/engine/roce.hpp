@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "core/objects.hpp"
+#include "engine/packet/packet_qp.hpp"
 
 namespace softverbs::wire::roce {
 class PcapWriter;
@@ -87,17 +88,19 @@ int roce_attach_mcast(Qp* qp, const ibv_gid& gid);
 void roce_detach_mcast(Qp* qp, const ibv_gid& gid);
 // Frees the link, after wire::unregister_qp (nothing can look the QP up any more). With
 // `resume`, what another process needs to go on answering the connection: the responder's
-// expected PSN and MSN once the link took its last packet (has_link false: no link).
+// state once the link took its last packet (has_link false: no link).
 struct RoceResume {
   bool has_link = false;
-  uint32_t epsn = 0, msn = 0;
-  bool comm_est_raised = false;  // Communication Established was raised (not again)
+  packet::PacketQp::ResponderState responder;
 };
 void roce_destroy(Qp* qp, RoceResume* resume = nullptr);
-// On the QP built again from such a resume (after its modify to RTR): the MSN, COMM_EST.
+// On the QP built again from such a resume (after its modify to RTR, rq_psn = its epsn).
 void roce_resume(Qp* qp, const RoceResume& resume);
 // This process now serves another registry slot's QPs (an adopted XRC slot): the port's
 // group learns the steering again.
 void roce_steering_changed();
+// This process, ending, handed its own slot over (an XRC hand-over): its port passes the
+// slot's datagrams to the adopter from now on.
+void roce_slot_handed_over();
 
 }  // namespace softverbs::engine

@@ -161,7 +161,8 @@ int update_holders(dev_t dev, ino_t ino, bool join, int oflags, bool held_here) 
 }
 
 std::mutex g_domains_mu;
-std::map<std::pair<dev_t, ino_t>, std::weak_ptr<XrcDomain>> g_domains;
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<XrcDomain>>& g_domains =
+    *new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<XrcDomain>>;  // immortal: exit
 
 }  // namespace
 
@@ -357,7 +358,7 @@ namespace {
 
 // This process's handles on TGT QPs of other processes, by QP number (events find them).
 std::mutex g_remote_mu;
-std::multimap<uint32_t, Qp*> g_remote_handles;
+std::multimap<uint32_t, Qp*>& g_remote_handles = *new std::multimap<uint32_t, Qp*>;  // immortal
 
 // ---- the agent's side: other processes' handles on our TGT QPs -------------------------
 
@@ -486,11 +487,14 @@ void creator_died(pid_t pid) {
     if (host != wire::self_pid()) engine::watch_pid(host, process_died);
 }
 
-// The one hook of engine::watch_pid: a process that held our TGT QPs' handles, or that
-// hosted TGT QPs we hold handles on (either, or both), died.
+// The one hook of engine::watch_pid: a process that held our TGT QPs' handles, that
+// hosted TGT QPs we hold handles on, or that was handing us its QPs, died.
+void adoptions_died(pid_t pid);  // below
+
 void process_died(pid_t pid) {
   openers_died(pid);
   creator_died(pid);
+  adoptions_died(pid);
 }
 
 // At an opener: an event of a TGT QP in `slot`'s process, for each of our handles on it.
@@ -541,20 +545,31 @@ Qp* new_tgt_handle(Context* ctx, Xrcd* xrcd, const ibv_qp_open_attr* attr) {
 // connected to it and the XRC SRQs it delivers to see nothing of the move. An abrupt end
 // (a signal, _exit) runs no code: then the holders' handles see the QP fail (creator_died).
 
-// Adopted slots (of processes that ended) and how many TGT QPs of each run here.
+// Adopted slots (of processes that ended): the TGT QPs of each that run here, the process
+// that handed them over, and whether it committed (until then it may die or abort, and
+// what we built of it goes). Immortal: an agent thread may still ask after static
+// destructors ran.
+struct Adoption {
+  int qps = 0;
+  pid_t from = 0;
+  bool committed = false;
+};
 std::mutex g_adopted_mu;
-std::map<int, int> g_adopted;
+std::map<int, Adoption>& g_adopted = *new std::map<int, Adoption>;
+// This process is ending: it adopts nothing more (its own hand-over may be under way).
+std::atomic<bool> g_exiting{false};
 
 bool pid_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
-// A TGT QP this process runs (created here or adopted), not handed over yet.
+// A TGT QP this process runs (created here, or adopted and committed), not handed over yet.
 bool runs_here(Qp* t) {
   if (t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from || t->xrc_remote_slot || t->xrc_moved.load())
     return false;
   const int slot = wire::slot_of_qpn(t->qpn());
   if (slot == wire::my_slot()) return true;
   std::lock_guard<std::mutex> lock(g_adopted_mu);
-  return g_adopted.count(slot) > 0;
+  auto it = g_adopted.find(slot);
+  return it != g_adopted.end() && it->second.committed;
 }
 
 // The modify calls that take a new QP from RESET to the state `a` describes.
@@ -583,15 +598,50 @@ int replay_state(Qp* t, const ibv_qp_attr& a) {
   return modify_qp(t, &step, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN);
 }
 
+// Destroys the TGT QPs of `slot` we adopted from `from` and never got committed.
+void drop_uncommitted(int slot, pid_t from) {
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    auto it = g_adopted.find(slot);
+    if (it == g_adopted.end() || it->second.committed || it->second.from != from) return;
+  }
+  std::vector<uint32_t> qpns;
+  for_each_qp([&](Qp* t) {
+    if (t->type == IBV_QPT_XRC_RECV && !t->xrc_opened_from && !t->xrc_remote_slot &&
+        wire::slot_of_qpn(t->qpn()) == slot)
+      qpns.push_back(t->qpn());
+  });
+  for (uint32_t qpn : qpns) {
+    wire::QpRef ref = wire::find_local(qpn);
+    Qp* t = ref.get();
+    if (!t) continue;
+    {
+      // Whoever takes the count to 0 destroys it (a holder's death may race us).
+      std::lock_guard<std::mutex> lock(t->xrc_mu);
+      if (t->xrc_handles <= 0) continue;
+      t->xrc_handles = 0;
+    }
+    ref.reset();
+    destroy_qp_now(t);
+  }
+}
+
 // At a holder: the ending process `from` hands us its TGT QP. Everything in `s` is its
 // word: checked here, and the QP is built by the verbs an application would call.
 int adopt(const wire::XrcSnapshot& s, pid_t from) {
+  if (g_exiting.load()) return EBUSY;
   const uint32_t qpn = s.qpn;
   const int slot = wire::slot_of_qpn(qpn);
   if (s.magic != wire::kXrcSnapshotMagic || qpn > 0xffffff || slot <= 0 || slot >= wire::kSlots ||
       slot == wire::my_slot() || wire::slot_owner(slot) != from || s.nholders == 0 ||
-      s.nholders > static_cast<uint32_t>(wire::kMaxXrcSnapshotHolders))
+      s.nholders > static_cast<uint32_t>(wire::kMaxXrcSnapshotHolders) ||
+      s.natomic > static_cast<uint32_t>(wire::kMaxXrcSnapshotAtomics))
     return EINVAL;
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    auto it = g_adopted.find(slot);
+    if (it != g_adopted.end() && (it->second.committed || it->second.from != from)) return EINVAL;
+  }
   if (wire::find_local(qpn)) return EEXIST;
   // One of our handles on it names the context and the domain it runs in here.
   Context* ctx = nullptr;
@@ -609,13 +659,17 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
   if (!ctx || !domain || !domain->shared || domain->dev != static_cast<dev_t>(s.dev) ||
       domain->ino != static_cast<ino_t>(s.ino))
     return EINVAL;
+  // Each holder is a live process in the slot it names (a garbage entry would keep the QP
+  // forever).
   std::vector<std::pair<pid_t, int>> holders;
   for (uint32_t i = 0; i < s.nholders; ++i) {
     const auto& h = s.holders[i];
-    if (h.slot <= 0 || h.slot >= wire::kSlots || !pid_alive(h.pid)) continue;
-    holders.push_back({h.pid, h.slot});
+    if (h.slot > 0 && h.slot < wire::kSlots && h.pid > 0 && wire::slot_owner(h.slot) == h.pid &&
+        pid_alive(h.pid))
+      holders.push_back({h.pid, h.slot});
   }
-  if (holders.empty() || !ensure_tgt_resources(ctx)) return holders.empty() ? EINVAL : ENOMEM;
+  if (holders.empty()) return EINVAL;
+  if (!ensure_tgt_resources(ctx)) return ENOMEM;
   ibv_qp_init_attr init{};
   init.send_cq = init.recv_cq = ctx->xrc_cq->cq();
   init.qp_type = IBV_QPT_XRC_RECV;
@@ -635,7 +689,9 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
   }
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
-    ++g_adopted[slot];
+    Adoption& a = g_adopted[slot];
+    a.from = from;
+    ++a.qps;
   }
   {
     std::lock_guard<std::mutex> lock(t->xrc_mu);
@@ -649,51 +705,116 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
     destroy_qp_now(t);
     return err;
   }
-  engine::roce_resume(t, {s.has_link != 0, s.epsn, s.msn, s.comm_est != 0});
+  engine::RoceResume resume;
+  resume.has_link = s.has_link != 0;
+  resume.responder.epsn = s.epsn;
+  resume.responder.msn = s.msn;
+  resume.responder.comm_est_raised = s.comm_est != 0;
+  for (uint32_t i = 0; i < s.natomic; ++i)
+    resume.responder.atomic_replies.push_back({s.atomics[i].psn, s.atomics[i].orig});
+  engine::roce_resume(t, resume);
   if (s.comm_est) {
     std::lock_guard<QueueMutex> lock(t->rq_mu);
     t->comm_est_raised = true;
   }
   for (const auto& h : holders)
     if (h.first != wire::self_pid()) engine::watch_pid(h.first, process_died);
+  engine::watch_pid(from, process_died);  // dead before its commit: what we built goes
   ensure_handover_at_exit();  // and on again, if we end before its last handle goes
   return 0;
 }
 
-// At a holder: the ending process handed us `slot` in the registry and stopped serving its
-// agent address; we serve it for the QPs we adopted.
-int commit(int slot, pid_t) {
+// At a holder: the ending process stopped serving `slot`'s agent address and adopted all
+// of the slot's QPs it hands over to us: we serve the address and take the slot.
+int commit(int slot, pid_t from) {
+  if (g_exiting.load()) return EBUSY;
   if (slot <= 0 || slot >= wire::kSlots || slot == wire::my_slot()) return EINVAL;
-  if (wire::slot_owner(slot) != wire::self_pid()) return EPERM;
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
-    if (!g_adopted.count(slot)) return ENOENT;
+    auto it = g_adopted.find(slot);
+    if (it == g_adopted.end() || it->second.from != from || it->second.committed) return ENOENT;
   }
   if (!wire::serve_adopted_slot(slot)) return EADDRINUSE;
+  if (!wire::take_slot(slot, from)) {
+    wire::stop_serving_slot(slot, true, false);
+    return EPERM;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    g_adopted[slot].committed = true;
+  }
   engine::roce_steering_changed();  // datagrams for the slot come here now
   return 0;
+}
+
+// At a holder: one of the slot's QPs could not be adopted: nothing of the slot moves.
+int abort_adoption(int slot, pid_t from) {
+  drop_uncommitted(slot, from);
+  return 0;
+}
+
+// At a holder (the progress thread): a process that was handing us QPs died before its
+// commit.
+void adoptions_died(pid_t pid) {
+  std::vector<int> slots;
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    for (const auto& [slot, a] : g_adopted)
+      if (a.from == pid && !a.committed) slots.push_back(slot);
+  }
+  for (int slot : slots) drop_uncommitted(slot, pid);
 }
 
 std::atomic<pid_t> g_handover_registered{0};
 std::atomic<pid_t> g_handover_done{0};
 
-// atexit: hands each TGT QP we run that a live process elsewhere holds a handle on to one
-// such process. Per slot one process takes all (the one with the most handles), because
-// the slot is what other processes and the RoCE port resolve a QP number by.
+// Does any TGT QP we run have a live holder in another process?
+bool held_elsewhere(pid_t self) {
+  bool held = false;
+  for_each_qp([&](Qp* t) {
+    if (held || !runs_here(t)) return;
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    for (const auto& o : t->xrc_remote_openers)
+      held |= o.first != self && pid_alive(o.first);
+  });
+  return held;
+}
+
+// As the process ends (a library destructor: after the program's own atexit handlers and
+// static destructors, so its teardown still reaches everything): hands each TGT QP we run
+// that a live process elsewhere holds a handle on to such a process. All of a slot's QPs go
+// to one process, which holds a handle on each (the one with the most handles), because
+// the slot is what other processes and the RoCE port resolve a QP number by; when no
+// holder can take all of them, or one adoption fails, none moves (the holders' handles
+// then see the QPs fail, as after a kill).
 void handover_at_exit() {
+  g_exiting.store(true);
   const pid_t self = wire::self_pid();
-  // A forked child inherits the handler: it runs only in a process that registered it.
+  // Only in a process that runs TGT QPs (not in a forked child, which has copies of them).
   if (g_handover_registered.load() != self || g_handover_done.exchange(self) == self) return;
+  if (!held_elsewhere(self)) return;
+  // Nothing changes them from now on (no open, close or modify from other processes):
+  // what we read next is their last state. Requests meanwhile find no one at the address
+  // and are retried.
+  if (!wire::stop_agent()) return;
+  {
+    std::vector<int> adopted;
+    {
+      std::lock_guard<std::mutex> lock(g_adopted_mu);
+      for (const auto& [slot, a] : g_adopted)
+        if (a.committed) adopted.push_back(slot);
+    }
+    for (int slot : adopted) wire::stop_serving_slot(slot, true, false);
+  }
+  struct Moving {
+    Qp* qp;
+    std::vector<std::pair<pid_t, int>> holders;
+  };
+  std::map<int, std::vector<Moving>> by_slot;
   std::vector<uint32_t> qpns;
   for_each_qp([&](Qp* t) {
     if (runs_here(t)) qpns.push_back(t->qpn());
   });
-  struct Moving {
-    wire::QpRef ref;
-    std::vector<std::pair<pid_t, int>> holders;
-  };
-  std::vector<Moving> moving;
-  std::map<int, std::map<pid_t, std::pair<int, int>>> votes;  // slot → pid → (its slot, handles)
   for (uint32_t qpn : qpns) {
     wire::QpRef ref = wire::find_local(qpn);
     Qp* t = ref.get();
@@ -701,86 +822,99 @@ void handover_at_exit() {
     std::vector<std::pair<pid_t, int>> holders;
     {
       std::lock_guard<std::mutex> lock(t->xrc_mu);
+      if (t->xrc_handles <= 0) continue;  // going away
       for (const auto& o : t->xrc_remote_openers)
         if (o.first != self && pid_alive(o.first)) holders.push_back(o);
+      if (holders.empty() || holders.size() > static_cast<size_t>(wire::kMaxXrcSnapshotHolders))
+        continue;
+      ++t->xrc_handles;  // ours now: no destroy (a holder's death, the program) frees it
     }
-    if (holders.empty() || holders.size() > static_cast<size_t>(wire::kMaxXrcSnapshotHolders))
+    by_slot[wire::slot_of_qpn(qpn)].push_back({t, std::move(holders)});
+  }
+  for (auto& [slot, moving] : by_slot) {
+    // The adopter: a process with a handle on each of the slot's QPs, the most handles.
+    std::map<pid_t, std::pair<int, int>> votes;  // pid → (its slot, handles)
+    std::map<pid_t, size_t> covers;              // pid → QPs it holds
+    for (const Moving& m : moving) {
+      std::set<pid_t> seen;
+      for (const auto& [pid, pid_slot] : m.holders) {
+        votes[pid].first = pid_slot;
+        ++votes[pid].second;
+        if (seen.insert(pid).second) ++covers[pid];
+      }
+    }
+    pid_t host = 0;
+    int host_slot = 0, most = 0;
+    for (const auto& [pid, v] : votes)
+      if (covers[pid] == moving.size() && v.second > most) {
+        host = pid;
+        host_slot = v.first;
+        most = v.second;
+      }
+    if (!host) continue;
+    bool adopted_all = true;
+    for (const Moving& m : moving) {
+      Qp* t = m.qp;
+      // Nothing reaches it here any more (the port's thread finds no QP), and its RoCE
+      // responder's place in the connection is final.
+      wire::unregister_qp(t->qpn());
+      engine::RoceResume resume;
+      engine::roce_destroy(t, &resume);
+      auto snap = std::make_unique<wire::XrcSnapshot>();
+      snap->magic = wire::kXrcSnapshotMagic;
+      snap->qpn = t->qpn();
+      snap->dev = static_cast<uint64_t>(t->xrc_domain->dev);
+      snap->ino = static_cast<uint64_t>(t->xrc_domain->ino);
+      if (query_qp(t, &snap->attr, 0, nullptr) != 0) {
+        adopted_all = false;
+        break;
+      }
+      {
+        std::lock_guard<QueueMutex> lock(t->rq_mu);
+        snap->comm_est = t->comm_est_raised || resume.responder.comm_est_raised ? 1 : 0;
+      }
+      snap->nholders = static_cast<uint32_t>(m.holders.size());
+      for (size_t i = 0; i < m.holders.size(); ++i)
+        snap->holders[i] = {m.holders[i].first, m.holders[i].second};
+      snap->has_link = resume.has_link ? 1 : 0;
+      snap->epsn = resume.responder.epsn;
+      snap->msn = resume.responder.msn;
+      const auto& atomics = resume.responder.atomic_replies;
+      snap->natomic = static_cast<uint32_t>(std::min<size_t>(atomics.size(), wire::kMaxXrcSnapshotAtomics));
+      for (uint32_t i = 0; i < snap->natomic; ++i) snap->atomics[i] = {atomics[i].first, 0, atomics[i].second};
+      if (wire::agent_xrc_adopt(host_slot, snap.get()) != 0) {
+        adopted_all = false;
+        break;
+      }
+    }
+    if (!adopted_all || wire::agent_xrc_commit(host_slot, slot) != 0) {
+      wire::agent_xrc_commit(host_slot, slot, true);  // abort: what it built of the slot goes
       continue;
-    for (const auto& [pid, slot] : holders) {
-      auto& v = votes[wire::slot_of_qpn(qpn)][pid];
-      v.first = slot;
-      ++v.second;
     }
-    moving.push_back({std::move(ref), std::move(holders)});
-  }
-  if (moving.empty()) return;
-  std::map<int, std::pair<pid_t, int>> host;  // slot → (adopter, its slot)
-  for (const auto& [slot, v] : votes) {
-    auto best = std::max_element(v.begin(), v.end(), [](const auto& a, const auto& b) {
-      return a.second.second < b.second.second || (a.second.second == b.second.second && a.first > b.first);
-    });
-    host[slot] = {best->first, best->second.first};
-  }
-  // Nothing answers for these QPs here from now on: the snapshot is their last state.
-  // Requests meanwhile find no one at the address and are retried (verbs: ENXIO).
-  wire::stop_agent();
-  for (const auto& [slot, h] : host)
-    if (slot != wire::my_slot()) wire::stop_serving_slot(slot, true);
-  std::map<int, int> moved;
-  for (Moving& m : moving) {
-    Qp* t = m.ref.get();
-    m.ref.reset();
-    const int slot = wire::slot_of_qpn(t->qpn());
-    // Nothing reaches it here any more (our agent stopped; the port's thread finds no QP),
-    // and its RoCE responder's place in the connection is final.
-    wire::unregister_qp(t->qpn());
-    engine::RoceResume resume;
-    engine::roce_destroy(t, &resume);
-    auto snap = std::make_unique<wire::XrcSnapshot>();
-    snap->magic = wire::kXrcSnapshotMagic;
-    snap->qpn = t->qpn();
-    snap->has_link = resume.has_link ? 1 : 0;
-    snap->epsn = resume.epsn;
-    snap->msn = resume.msn;
-    snap->comm_est = resume.comm_est_raised ? 1 : 0;
-    snap->dev = static_cast<uint64_t>(t->xrc_domain->dev);
-    snap->ino = static_cast<uint64_t>(t->xrc_domain->ino);
-    if (query_qp(t, &snap->attr, 0, nullptr) != 0) continue;
-    {
-      std::lock_guard<QueueMutex> lock(t->rq_mu);
-      snap->comm_est |= t->comm_est_raised ? 1 : 0;
-    }
-    snap->nholders = static_cast<uint32_t>(m.holders.size());
-    for (size_t i = 0; i < m.holders.size(); ++i)
-      snap->holders[i] = {m.holders[i].first, m.holders[i].second};
-    if (wire::agent_xrc_adopt(host[slot].second, snap.get()) != 0) continue;
-    t->xrc_moved.store(true);
-    ++moved[slot];
-  }
-  for (const auto& [slot, n] : moved) {
-    const auto [pid, pid_slot] = host[slot];
-    if (wire::hand_slot_to(slot, pid, pid_slot)) wire::agent_xrc_commit(pid_slot, slot);
+    for (const Moving& m : moving) m.qp->xrc_moved.store(true);
+    if (slot == wire::my_slot()) engine::roce_slot_handed_over();
   }
 }
+
+__attribute__((destructor)) void handover_at_library_end() { handover_at_exit(); }
 
 }  // namespace
 
-void ensure_handover_at_exit() {
-  const pid_t self = wire::self_pid();
-  if (g_handover_registered.exchange(self) != self) std::atexit(handover_at_exit);
-}
+void ensure_handover_at_exit() { g_handover_registered.store(wire::self_pid()); }
 
 void adopted_qp_gone(int slot) {
   if (slot == wire::my_slot()) return;
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
     auto it = g_adopted.find(slot);
-    if (it == g_adopted.end() || --it->second > 0) return;
+    if (it == g_adopted.end() || --it->second.qps > 0) return;
+    const bool committed = it->second.committed;
     g_adopted.erase(it);
+    if (!committed) return;
   }
-  // Its last TGT QP here went: the slot is free for the next process to start.
-  wire::stop_serving_slot(slot, false);
-  wire::release_adopted_slot(slot);
+  // Its last TGT QP here went: the slot is free for the next process to start, once the
+  // thread serving its address has let the address go.
+  wire::stop_serving_slot(slot, false, true);
 }
 
 void install_xrc_hooks() {
@@ -792,6 +926,7 @@ void install_xrc_hooks() {
   h.event = &remote_event;
   h.adopt = &adopt;
   h.commit = &commit;
+  h.abort = &abort_adoption;
   wire::set_xrc_hooks(h);
   // Our XRC SRQs take messages of other processes' TGT QPs of the domain.
   wire::start_xrc_delivery();
@@ -833,7 +968,8 @@ ibv_qp* open_remote_tgt(Context* ctx, Xrcd* xrcd, ibv_qp_open_attr* attr) {
     g_remote_handles.insert({qpn, h});
   }
   // Its death takes the QP: our handle then shows a fatal error (creator_died).
-  if (h->xrc_remote_pid > 0) engine::watch_pid(h->xrc_remote_pid, process_died);
+  if (h->xrc_remote_pid > 0 && h->xrc_remote_pid != wire::self_pid())
+    engine::watch_pid(h->xrc_remote_pid, process_died);
   return h->qp();
 }
 

@@ -90,6 +90,14 @@ int my_slot() {
       break;
     }
   }
+  // Other entries with our pid are a dead process's that had it (an adopter holds two):
+  // ours is the one just taken.
+  for (int s = 1; s < kSlots - 1 && g_slot.load() > 0; ++s) {
+    int32_t stale = self;
+    if (s == g_slot.load() || table[s].pid.load() != self) continue;
+    table[s].flags.store(0);
+    table[s].pid.compare_exchange_strong(stale, 0);
+  }
   g_owner.store(self, std::memory_order_release);
   return g_slot.load();
 }
@@ -144,15 +152,22 @@ int host_slot(int slot) {
   return alive(pid) && table[host].pid.load() == pid ? host : slot;
 }
 
-bool hand_slot_to(int slot, pid_t to, int to_slot) {
+bool take_slot(int slot, pid_t from) {
+  const int mine = my_slot();
   std::lock_guard<std::mutex> lock(g_mu);
   Entry* table = map_table();
-  if (!table || slot <= 0 || slot >= kSlots || to_slot <= 0 || to_slot >= kSlots) return false;
-  int32_t self = self_pid();
-  if (table[slot].pid.load() != self) return false;
-  // The flags first: whoever reads the new pid reads them too.
-  table[slot].flags.store(kSlotAdopted | static_cast<uint32_t>(to_slot) << kSlotHostShift);
-  return table[slot].pid.compare_exchange_strong(self, to);
+  if (!table || slot <= 0 || slot >= kSlots || mine <= 0 || slot == mine) return false;
+  // The flags first, while `from` still holds the entry (no newcomer can claim it): whoever
+  // reads our pid in it reads them too. Put back if the entry was not `from`'s after all.
+  uint32_t before = table[slot].flags.load();
+  const uint32_t adopted = kSlotAdopted | static_cast<uint32_t>(mine) << kSlotHostShift;
+  if (table[slot].pid.load() != from || !table[slot].flags.compare_exchange_strong(before, adopted))
+    return false;
+  int32_t expected = from;
+  if (table[slot].pid.compare_exchange_strong(expected, self_pid())) return true;
+  uint32_t ours = adopted;
+  table[slot].flags.compare_exchange_strong(ours, before);
+  return false;
 }
 
 bool hosted_by_me(int slot) {
@@ -180,7 +195,10 @@ void release_adopted_slot(int slot) {
   if (!table || slot <= 0 || slot >= kSlots) return;
   int32_t self = self_pid();
   if (slot == g_slot.load() && g_owner.load() == self) return;  // our own: never
-  if (table[slot].pid.compare_exchange_strong(self, 0)) table[slot].flags.store(0);
+  if (table[slot].pid.load() != self) return;
+  // The flags while the entry is still ours: a newcomer's own flags are never touched.
+  table[slot].flags.store(0);
+  table[slot].pid.compare_exchange_strong(self, 0);
 }
 
 std::string agent_address(int slot) {

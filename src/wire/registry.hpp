@@ -49,9 +49,9 @@ int slot_of_pid_with(pid_t pid, uint32_t flag);
 // The slot whose process serves `slot`: the adopter's for an adopted slot whose adopter
 // lives, else `slot` itself.
 int host_slot(int slot);
-// Hands `slot`, ours, to the live process `to` (whose own slot is `to_slot`): from now on
-// its pid is the entry's. False if the slot is not ours.
-bool hand_slot_to(int slot, pid_t to, int to_slot);
+// At the adopter: takes `slot` over from its process `from` (still alive, handing it
+// over), our own slot going in its flags. False if `from` does not hold it.
+bool take_slot(int slot, pid_t from);
 // True when this process serves `slot` as its adopter (no system call: the RoCE port asks
 // per datagram of a slot not its own).
 bool hosted_by_me(int slot);

@@ -22,6 +22,8 @@
  *  4. a new handle can be opened on it (and destroyed);
  *  5. B destroys its handle, the last: the QP goes (opening it: ENOENT), and with the
  *     domain closed, the domain too (opening without O_CREAT: EAGAIN).
+ * With SV_TEST_ADOPTER_KILLED=1 (.adopter_killed) D is killed instead of exiting: B's
+ * handle then gets IBV_EVENT_QP_FATAL (which shows D, not B, ran the QP).
  * Before the hand-over, B's handle got IBV_EVENT_QP_FATAL at A's exit (as it still does
  * when A is killed: conformance.twoproc_xrc_creator_dies).
  * Over RoCE v2, the TGT QP's responder goes on in B where A's stopped (the expected PSN
@@ -32,7 +34,9 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MR_LEN 16384
@@ -259,6 +263,29 @@ int main(void)
 	       ibv_event_type_str(ev.event_type));
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 	expect_send(csock, srq, srqn, rcq, mr, 2, 'b', tgt_qpn, ini_qpn);
+
+	if (getenv("SV_TEST_ADOPTER_KILLED")) {
+		/* D runs the QP (it had the most handles): killed, no code of it runs, and
+		 * the QP goes with it as after any kill. */
+		sv_step("D, which took the QP over, is killed: B's handle sees the QP fail");
+		CHECK_OK(kill(dpid, SIGKILL));
+		CHECK_EQ(waitpid(dpid, NULL, 0), dpid);
+		sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h);
+		CHECK_EQ(sv_query_state(h), IBV_QPS_ERR);
+		struct ibv_qp_attr r = {.qp_state = IBV_QPS_RESET};
+		CHECK_ERR(ibv_modify_qp(h, &r, IBV_QP_STATE), ENXIO);
+		CHECK_OK(ibv_destroy_qp(h));
+		CHECK_OK(ibv_destroy_srq(srq));
+		CHECK_OK(ibv_close_xrcd(x));
+		ask(csock, DO_END, 0, 0, NULL);
+		sv_wait_peer(cpid, "C");
+		CHECK_OK(ibv_dereg_mr(mr));
+		CHECK_OK(ibv_destroy_cq(rcq));
+		sv_close(&d);
+		unlink(path);
+		sv_pass();
+		return 0;
+	}
 
 	sv_step("D, which took the QP over, exits too");
 	sv_say(dsock, 2);

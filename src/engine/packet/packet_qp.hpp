@@ -271,12 +271,18 @@ class PacketQp {
   uint32_t expected_psn() const { return epsn_; }
   // The responder's message sequence number, and setting it on a QP built again elsewhere
   // from another process's (an XRC TGT QP handed over: verbs/xrc.cpp).
-  uint32_t msn() const { return msn_; }
-  bool comm_est_raised() const { return comm_est_raised_; }
-  void resume(uint32_t msn, bool comm_est_raised) {
-    msn_ = msn & kPsnMask;
-    comm_est_raised_ = comm_est_raised;
-  }
+  // The responder's place in its connection, for another process to go on from (an XRC TGT
+  // QP handed over as its process ends: verbs/xrc.cpp): the expected PSN (a message half
+  // taken is taken again from its first packet: what was staged of it stays behind), the
+  // MSN, whether COMM_EST was raised, and the atomic replies a duplicate is answered from.
+  struct ResponderState {
+    uint32_t epsn = 0, msn = 0;
+    bool comm_est_raised = false;
+    std::vector<std::pair<uint32_t, uint64_t>> atomic_replies;  // (psn, original value)
+  };
+  ResponderState responder_state() const;
+  // On a QP in RTR whose expected PSN is the state's already.
+  void resume_responder(const ResponderState& state);
   size_t send_queue_depth() const { return sq_.size(); }
   // Where `softverbs stat` reads the live PSNs and the send queue (verbs/stat_publish.cpp).
   const void* next_psn_address() const { return &next_psn_; }
@@ -402,6 +408,7 @@ class PacketQp {
   bool sent_psn_nak_ = false;
   bool comm_est_raised_ = false;
   InMessage in_msg_ = InMessage::kNone;
+  uint32_t msg_first_psn_ = 0;  // the PSN of the first packet of the message in_msg_ names
   std::optional<RecvWqe> recv_;  // the receive WQE being filled (or kept for reuse)
   uint32_t recv_offset_ = 0;
   uint8_t* write_base_ = nullptr;

@@ -214,6 +214,7 @@ bool PacketQp::do_send(const Packet& pkt, uint8_t op) {
       return false;  // UC: dropped; the rest of the message fails the sequence check
     }
     in_msg_ = InMessage::kSend;
+    msg_first_psn_ = psn;
     recv_offset_ = 0;
   }
   // Tag matching: the bytes before `skip` (or all, `discard`) are not placed.
@@ -277,6 +278,7 @@ bool PacketQp::do_write(const Packet& pkt, uint8_t op) {
     write_len_ = pkt.dma_len;
     write_offset_ = 0;
     in_msg_ = InMessage::kWrite;
+    msg_first_psn_ = psn;
   }
   bool last = ends_message(op);
   if (uint64_t{write_offset_} + n > write_len_ || (last && write_offset_ + n != write_len_)) {
@@ -453,6 +455,26 @@ void PacketQp::send_atomic_ack(uint32_t psn, uint64_t orig) {
   env_.send_packet(r, {});
 }
 
+PacketQp::ResponderState PacketQp::responder_state() const {
+  ResponderState st;
+  st.epsn = in_msg_ != InMessage::kNone ? msg_first_psn_ : epsn_;
+  st.msn = msn_;
+  st.comm_est_raised = comm_est_raised_;
+  for (const AtomicReply& a : atomic_replies_)
+    if (a.valid) st.atomic_replies.push_back({a.psn, a.orig});
+  return st;
+}
+
+void PacketQp::resume_responder(const ResponderState& st) {
+  msn_ = st.msn & kPsnMask;
+  comm_est_raised_ = st.comm_est_raised;
+  if (atomic_replies_.empty()) atomic_replies_.resize(std::max<uint8_t>(max_dest_rd_atomic_, 1));
+  for (const auto& [psn, orig] : st.atomic_replies) {
+    atomic_replies_[atomic_next_] = AtomicReply{psn & kPsnMask, orig, true};
+    atomic_next_ = (atomic_next_ + 1) % atomic_replies_.size();
+  }
+}
+
 // C9-105 and on: a duplicate is answered again, never executed again (READ excepted:
 // reading twice changes nothing).
 void PacketQp::on_duplicate(const Packet& pkt) {
@@ -570,6 +592,7 @@ void PacketQp::do_away(const Packet& pkt, uint8_t op) {
     away_rkey_ = pkt.rkey;
     away_dma_len_ = pkt.dma_len;
     in_msg_ = write ? InMessage::kWrite : InMessage::kSend;
+    msg_first_psn_ = psn;
   }
   const uint64_t staged = away_msg_.size(), total = staged + pkt.payload_len;
   const uint64_t limit = write ? away_dma_len_ : kMaxAwayMessage;

@@ -952,7 +952,8 @@ void Port::route(const Datagram& d) {
     return;
   }
   // An adopted slot's QPs (an ended process's XRC TGT QPs, verbs/xrc.cpp) are ours too.
-  if (slot == slot_ || reserved_slot(slot) || hosted_by_me(slot)) return deliver(d);
+  const bool ours = slot == slot_ && !slot_handed_over_.load(std::memory_order_relaxed);
+  if (ours || reserved_slot(slot) || hosted_by_me(slot)) return deliver(d);
   if (forward(d, slot)) {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);

@@ -138,6 +138,11 @@ class Port {
   bool is_open() const { return fd_group_ >= 0; }
   // The slots this process serves changed (it adopted one): the group learns them again.
   void relearn_steering() { nudge_group(); }
+  // This process, ending, handed its slot to another (verbs/xrc.cpp): that one's now.
+  void own_slot_handed_over() {
+    slot_handed_over_.store(true, std::memory_order_relaxed);
+    nudge_group();
+  }
   // The group socket's receive buffer, as the kernel set it (SO_RCVBUF asks 4 MiB; the
   // kernel caps it at net.core.rmem_max and doubles it); 0 before the first open.
   size_t receive_buffer_bytes() const { return rcvbuf_bytes_.load(std::memory_order_relaxed); }
@@ -275,6 +280,7 @@ class Port {
   std::map<std::pair<IpAddress, int>, Joined> joins_;
   std::set<int> multicast_fds_;
   int slot_ = 0;
+  std::atomic<bool> slot_handed_over_{false};  // own_slot_handed_over
   bool ipv6_ = true;  // sockets are dual-stack AF_INET6 (else AF_INET only)
   int fd_group_ = -1;
   int fd_forward_ = -1;

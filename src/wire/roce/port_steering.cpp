@@ -230,6 +230,11 @@ void Port::finish_round_if_done(bool deadline_passed) {
     const int s = round_->slot_at[k];
     if (s < 0 || seen[size_t(s)]) continue;
     seen[size_t(s)] = true;
+    // A member that handed its slot over as it ends: the slot goes to its adopter (below).
+    if (host_slot(s) != s) {
+      seen[size_t(s)] = false;
+      continue;
+    }
     routes.push_back({uint32_t(s), k});
   }
   // An adopted slot goes where its adopter is (an ended process's XRC TGT QPs).

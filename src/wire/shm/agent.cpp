@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -48,7 +49,7 @@ enum Kind : uint32_t {
   // of what an importer deregisters.
   kImport = 12,
   // XRC: a process that ends hands its TGT QPs still held elsewhere to a holder (XrcOp).
-  kXrcAdopt = 13, kXrcCommit = 14,
+  kXrcAdopt = 13, kXrcCommit = 14, kXrcAbort = 15,
 };
 
 std::atomic<const XrcHooks*> g_xrc_hooks{nullptr};
@@ -280,6 +281,10 @@ struct Server {
   // which frees its address, and sets `stopped`.
   int stop_fd = -1;
   std::atomic<bool>* stopped = nullptr;
+  // An adopted slot's thread: when `release` is set at the stop, the slot goes back to the
+  // registry once the address is free (no newcomer can find it taken).
+  int slot = 0;
+  std::atomic<bool>* release = nullptr;
 };
 
 constexpr int kMaxFds = 4;
@@ -373,10 +378,13 @@ int serve_xrc(const XrcHooks* h, const WireRequest& m, pid_t pid) {
       iovec from{reinterpret_cast<void*>(m.remote_addr), sizeof(*snap)};
       if (process_vm_readv(pid, &mine, 1, &from, 1, 0) != static_cast<ssize_t>(sizeof(*snap)))
         return EFAULT;
+      if (snap->qpn != qpn) return EINVAL;
       return h->adopt(*snap, pid);
     }
     case kXrcCommit:
       return h->commit ? h->commit(static_cast<int>(m.flags), pid) : ENOSYS;
+    case kXrcAbort:
+      return h->abort ? h->abort(static_cast<int>(m.flags), pid) : ENOSYS;
     default:
       return EINVAL;
   }
@@ -472,7 +480,8 @@ bool serve_one(const Server& srv, int fd) {
     close(fd);
     return false;
   }
-  if ((m.kind >= kXrcOpen && m.kind <= kXrcClose) || m.kind == kXrcAdopt || m.kind == kXrcCommit) {
+  if ((m.kind >= kXrcOpen && m.kind <= kXrcClose) || m.kind == kXrcAdopt ||
+      m.kind == kXrcCommit || m.kind == kXrcAbort) {
     r.kind = Reply::Ack;
     r.status = static_cast<uint32_t>(serve_xrc(xrc, m, cred.pid));
     if (send_message(fd, &r, sizeof(r), kPeerStallMs)) return true;
@@ -589,6 +598,7 @@ void serve(Server srv) {
       for (size_t i = 0; i < fds.size(); ++i)
         if (i != 1) close(fds[i].fd);
       close(srv.stop_fd);
+      if (srv.release && srv.release->load()) release_adopted_slot(srv.slot);
       srv.stopped->store(true);
       srv.stopped->notify_all();
       return;
@@ -611,14 +621,17 @@ void serve(Server srv) {
 
 std::mutex g_server_mu;
 pid_t g_server_pid = 0;
-// The agent's stop eventfd and flag (made once; never freed: its thread may outlive exit).
+// The agent's stop eventfd and flag (made once; never freed: its thread may outlive exit),
+// and the process whose agent stopped for good (it handed its slot over as it ends).
 int g_server_stop_fd = -1;
 std::atomic<bool>* g_server_stopped = nullptr;
+pid_t g_server_stopped_in = 0;
 // Slots of processes that ended which this process serves (adopted XRC TGT QPs): each
 // has a thread like the agent's on that slot's address.
 struct AdoptedServer {
   int stop_fd;
   std::atomic<bool>* stopped;
+  std::atomic<bool>* release;
 };
 std::map<int, AdoptedServer>* g_adopted_servers = new std::map<int, AdoptedServer>;
 pid_t g_delivery_pid = 0;
@@ -704,7 +717,9 @@ bool ensure_connected(Connection& c, int slot, int wait_ms) {
   CopyMode mode;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
       !probe_copy_mode(fd, wait_ms, &mode)) {
+    const int err = errno;  // ECONNREFUSED: nobody serves the address (xrc_call)
     close(fd);
+    errno = err;
     return false;
   }
   c.fd = fd;
@@ -762,7 +777,7 @@ WireRequest encode(const Request& req, uint32_t kind) {
 
 void start_agent(const ShmHooks& shm) {
   std::lock_guard<std::mutex> lock(g_server_mu);
-  if (g_server_pid == getpid()) return;
+  if (g_server_pid == getpid() || g_server_stopped_in == getpid()) return;
   g_server_pid = getpid();
   g_shm_hooks = shm;
   int slot = my_slot();
@@ -801,6 +816,7 @@ bool stop_agent() {
   const uint64_t one = 1;
   if (write(g_server_stop_fd, &one, sizeof(one)) != sizeof(one)) return false;
   g_server_pid = 0;
+  g_server_stopped_in = getpid();  // not started again: the address is the adopter's
   return wait_stopped(g_server_stopped);
 }
 
@@ -818,17 +834,20 @@ bool serve_adopted_slot(int slot) {
     return false;
   }
   auto* stopped = new std::atomic<bool>(false);
-  (*g_adopted_servers)[slot] = {stop, stopped};
-  std::thread(serve, Server{engine_hooks(), g_shm_hooks, fd, false, stop, stopped}).detach();
+  auto* release = new std::atomic<bool>(false);
+  (*g_adopted_servers)[slot] = {stop, stopped, release};
+  std::thread(serve, Server{engine_hooks(), g_shm_hooks, fd, false, stop, stopped, slot, release})
+      .detach();
   return true;
 }
 
-void stop_serving_slot(int slot, bool wait) {
+void stop_serving_slot(int slot, bool wait, bool release) {
   std::atomic<bool>* stopped;
   {
     std::lock_guard<std::mutex> lock(g_server_mu);
     auto it = g_adopted_servers->find(slot);
     if (it == g_adopted_servers->end()) return;
+    it->second.release->store(release);
     const uint64_t one = 1;
     (void)!write(it->second.stop_fd, &one, sizeof(one));
     stopped = it->second.stopped;
@@ -990,12 +1009,16 @@ int xrc_call(int slot, WireRequest& m) {
   std::lock_guard<std::mutex> lock(c->mu);
   m.magic = kMagic;
   m.src_qpn = static_cast<uint32_t>(my_slot());
-  // A slot whose live process does not take connections is being handed over as that
-  // process ends (verbs/xrc.cpp): its adopter takes the address within moments.
-  const bool may_wait = m.kind != kXrcAdopt && m.kind != kXrcCommit;
-  for (int waited_ms = 0; !send_request(*c, slot, m, kReplyTimeoutMs); waited_ms += 2) {
+  // A slot whose live process refuses connections is being handed over as that process
+  // ends (verbs/xrc.cpp): its adopter takes the address within moments. Only a refusal is
+  // waited out, for a second at most; a peer that does not answer is not.
+  const bool may_wait = m.kind < kXrcAdopt;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!send_request(*c, slot, m, kReplyTimeoutMs)) {
+    const bool refused = errno == ECONNREFUSED;
     const pid_t owner = slot_owner(slot);
-    if (!may_wait || waited_ms >= 1000 || owner <= 0 || (kill(owner, 0) != 0 && errno == ESRCH))
+    if (!may_wait || !refused || std::chrono::steady_clock::now() >= give_up || owner <= 0 ||
+        (kill(owner, 0) != 0 && errno == ESRCH))
       return ENXIO;
     const timespec pause{0, 2000000};
     nanosleep(&pause, nullptr);
@@ -1032,9 +1055,9 @@ int agent_xrc_adopt(int slot, const XrcSnapshot* snap) {
   return xrc_call(slot, m);
 }
 
-int agent_xrc_commit(int slot, int adopted_slot) {
+int agent_xrc_commit(int slot, int adopted_slot, bool abort) {
   WireRequest m{};
-  m.kind = kXrcCommit;
+  m.kind = abort ? kXrcAbort : kXrcCommit;
   m.flags = static_cast<uint32_t>(adopted_slot);
   return xrc_call(slot, m);
 }

@@ -55,30 +55,40 @@ struct XrcHooks {
   // At an opener: TGT QP `qpn` of the process in `slot` raised async event `type`.
   void (*event)(uint32_t qpn, int type, int slot) = nullptr;
   // At a holder: process `pid`, ending, hands its TGT QP over (the snapshot read from its
-  // memory, unchecked); then, once it stopped serving its slot, commits `slot`.
+  // memory, unchecked); then, once it stopped serving its slot, commits `slot` (takes the
+  // slot and serves it), or aborts it (drops what it adopted of it).
   int (*adopt)(const struct XrcSnapshot& snap, pid_t pid) = nullptr;
   int (*commit)(int slot, pid_t pid) = nullptr;
+  int (*abort)(int slot, pid_t pid) = nullptr;
 };
 
 // What a process that ends hands over of a TGT QP that other processes hold (verbs/xrc.cpp).
 // Everything in it comes from another process: the adopter checks it before use.
 inline constexpr uint32_t kXrcSnapshotMagic = 0x58534e50;  // "XSNP"
 inline constexpr int kMaxXrcSnapshotHolders = 64;
+inline constexpr int kMaxXrcSnapshotAtomics = 128;
 struct XrcSnapshot {
   uint32_t magic;
   uint32_t qpn;
   uint64_t dev, ino;  // the domain's file
   ibv_qp_attr attr;   // as ibv_query_qp reads it
-  // RoCE v2: the responder's place in its connection (has_link 0: none).
-  uint32_t has_link;
-  uint32_t epsn;
-  uint32_t msn;
   uint32_t comm_est;  // 1: Communication Established was raised already (not again)
   uint32_t nholders;
   struct {
     int32_t pid;
     int32_t slot;
   } holders[kMaxXrcSnapshotHolders];  // one entry per handle, as the host counts them
+  // RoCE v2: the responder's place in its connection (has_link 0: none), and the atomic
+  // replies it answers duplicates from (the device's max_qp_rd_atom at most).
+  uint32_t has_link;
+  uint32_t epsn;
+  uint32_t msn;
+  uint32_t natomic;
+  struct {
+    uint32_t psn;
+    uint32_t reserved;
+    uint64_t orig;
+  } atomics[kMaxXrcSnapshotAtomics];
 };
 void set_xrc_hooks(const XrcHooks& hooks);
 enum class XrcOp : uint32_t { Open = 6, Modify = 7, Query = 8, Close = 9 };
@@ -87,17 +97,19 @@ enum class XrcOp : uint32_t { Open = 6, Modify = 7, Query = 8, Close = 9 };
 // domain by (dev, ino).
 int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_qp_attr* attr,
               int mask);
-// The hand-over (verbs/xrc.cpp): the ending process stops its agent (its address is
-// free then; true once the thread has stopped), asks the holder in `slot` to adopt each
-// QP, then to commit the adopted slot: the holder serves that slot's agent address.
+// The hand-over (verbs/xrc.cpp): the ending process stops its agent for good (its address
+// is free then; true once the thread has stopped), asks the holder in `slot` to adopt each
+// QP, then to commit the adopted slot (the holder takes it in the registry and serves its
+// agent address) or, when one QP could not be adopted, to abort it.
 bool stop_agent();
 int agent_xrc_adopt(int slot, const XrcSnapshot* snap);
-int agent_xrc_commit(int slot, int adopted_slot);
+int agent_xrc_commit(int slot, int adopted_slot, bool abort = false);
 // At the adopter: a thread like the agent's on `slot`'s address; false if it is taken.
 bool serve_adopted_slot(int slot);
-// ... until no TGT QP of that slot is left here, or we hand it on as we end (`wait`: until
-// the thread has stopped and the address is free).
-void stop_serving_slot(int slot, bool wait);
+// ... until no TGT QP of that slot is left here (`release`: the thread gives the slot back
+// to the registry once the address is free), or we hand it on as we end (`wait`: until the
+// thread has stopped and the address is free).
+void stop_serving_slot(int slot, bool wait, bool release);
 // XRC SRQs of another process (same host): a message our TGT QP `tgt.tgt_qpn` took for
 // XRC SRQ req.xrc_srqn goes to that process's delivery thread (started by
 // start_xrc_delivery when a process opens an XRC domain), with its payload (or room for
