@@ -256,7 +256,8 @@ void peer_died(pid_t pid) {
       if (qp->type == IBV_QPT_XRC_SEND) {
         const int slot = wire::slot_of_qpn(qp->attr.dest_qp_num);
         const pid_t host = wire::slot_owner(slot);
-        if (wire::host_slot(slot) != slot && host > 0 && host != pid) {
+        if (wire::host_slot(slot) != slot && !wire::adopted_after_death(slot) && host > 0 &&
+            host != pid) {
           qp->peer_pid = host;
           hosts.push_back(host);
           return;

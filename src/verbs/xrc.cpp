@@ -461,30 +461,72 @@ void openers_died(pid_t pid) {
 // the QP would live on (its holders keep it); here it ran in that process and went with it
 // (docs/xrc.md). Our handles see what a QP that met a fatal error shows: ERR and
 // IBV_EVENT_QP_FATAL, once; after that query answers ERR, modify ENXIO, destroy works.
+bool rebuild_after_death(int slot, pid_t dead);  // below
+
 void creator_died(pid_t pid) {
+  const pid_t self = wire::self_pid();
   std::vector<pid_t> hosts;
-  std::unique_lock<std::mutex> lock(g_remote_mu);
-  for (auto& [qpn, h] : g_remote_handles) {
-    if (h->xrc_remote_pid != pid || h->xrc_remote_dead.load()) continue;
-    // It ended cleanly and handed its slot, this QP with it, to a holder (handover_at_exit,
-    // done before it exited): that process hosts it now; nothing for the handle to see.
-    const int slot = h->xrc_remote_slot;
-    const pid_t host = wire::slot_owner(slot);
-    if (wire::host_slot(slot) != slot && host > 0 && host != pid) {
-      h->xrc_remote_pid = host;
-      hosts.push_back(host);
-      continue;
+  struct Failed {
+    int slot;
+    uint64_t dev, ino;
+    int handles;
+  };
+  std::map<uint32_t, Failed> failed;  // by QP number
+  {
+    std::lock_guard<std::mutex> lock(g_remote_mu);
+    for (auto& [qpn, h] : g_remote_handles) {
+      if (h->xrc_remote_pid != pid || h->xrc_remote_dead.load()) continue;
+      // It ended cleanly and handed its slot, this QP with it, to a holder (handover_at_exit,
+      // done before it exited): that process hosts it now; nothing for the handle to see.
+      const int slot = h->xrc_remote_slot;
+      const pid_t host = wire::slot_owner(slot);
+      if (wire::host_slot(slot) != slot && !wire::adopted_after_death(slot) && host > 0 && host != pid) {
+        h->xrc_remote_pid = host;
+        hosts.push_back(host);
+        continue;
+      }
+      Failed& f = failed[qpn];
+      f = {slot, static_cast<uint64_t>(h->xrc_domain->dev), static_cast<uint64_t>(h->xrc_domain->ino),
+           f.handles + 1};
     }
-    if (h->xrc_remote_dead.exchange(true)) continue;
-    h->state.store(IBV_QPS_ERR);  // (ibv_qp::state is the application's threads': query sets it)
-    ibv_async_event ev{};
-    ev.element.qp = h->qp();
-    ev.event_type = IBV_EVENT_QP_FATAL;
-    h->ctx->post_async(ev);
+    // Killed: the first holder to get here takes the slot and builds the QPs again.
+    std::set<int> slots;
+    for (const auto& [qpn, f] : failed) slots.insert(f.slot);
+    // (Only while the entry still names it: kill(2) finds a zombie alive, so host_slot
+    // may still answer for it.)
+    for (int slot : slots)
+      if (wire::take_dead_slot(slot, pid)) rebuild_after_death(slot, pid);
   }
-  lock.unlock();
   for (pid_t host : hosts)
-    if (host != wire::self_pid()) engine::watch_pid(host, process_died);
+    if (host != self) engine::watch_pid(host, process_died);
+  if (failed.empty()) return;
+  // Where each QP lives on: ours, or the taker's, where our handles count again (asked
+  // outside the lock: the taker's agent may need its own while ours waits).
+  std::map<uint32_t, pid_t> lives;
+  for (const auto& [qpn, f] : failed) {
+    if (!wire::adopted_after_death(f.slot)) continue;
+    const pid_t host = wire::slot_owner(f.slot);
+    if (host == self ? static_cast<bool>(wire::find_local(qpn))
+                     : host > 0 && wire::agent_xrc_rejoin(f.slot, qpn, f.dev, f.ino, f.handles) == 0)
+      lives[qpn] = host;
+  }
+  {
+    // Every handle sees the QP fail; where it lives on, the handle stays its handle.
+    std::lock_guard<std::mutex> lock(g_remote_mu);
+    for (auto& [qpn, h] : g_remote_handles) {
+      if (h->xrc_remote_pid != pid || h->xrc_remote_dead.load() || !failed.count(qpn)) continue;
+      auto it = lives.find(qpn);
+      if (it != lives.end()) h->xrc_remote_pid = it->second;
+      else h->xrc_remote_dead.store(true);
+      h->state.store(IBV_QPS_ERR);  // (ibv_qp::state is the application's threads': query sets it)
+      ibv_async_event ev{};
+      ev.element.qp = h->qp();
+      ev.event_type = IBV_EVENT_QP_FATAL;
+      h->ctx->post_async(ev);
+    }
+  }
+  for (const auto& [qpn, host] : lives)
+    if (host != self) engine::watch_pid(host, process_died);
 }
 
 // The one hook of engine::watch_pid: a process that held our TGT QPs' handles, that
@@ -626,6 +668,148 @@ void drop_uncommitted(int slot, pid_t from) {
   }
 }
 
+// A TGT QP of another process's slot, here under its number `qpn`, in RESET, held by
+// `holders` (one entry per handle), in the context `ctx` of one of our handles; counted in
+// g_adopted (its `from` and `committed` are the caller's).
+int build_hosted_tgt(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uint32_t qpn,
+                     const std::vector<std::pair<pid_t, int>>& holders, Qp** out) {
+  if (!ensure_tgt_resources(ctx)) return ENOMEM;
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = ctx->xrc_cq->cq();
+  init.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* q = create_qp(ctx->xrc_pd, &init, qpn);
+  if (!q) return errno ? errno : ENOMEM;
+  Qp* t = Qp::from(q);
+  t->xrc_domain = domain;
+  q->pd = nullptr;
+  q->send_cq = q->recv_cq = nullptr;
+  t->cap = {};
+  // As a TGT QP whose creator's handle went: it holds the domain and its context.
+  hold_xrcd_domain(domain);
+  t->xrc_creator_gone = true;
+  {
+    std::lock_guard<std::mutex> lock(ctx->objects_mu);
+    ++ctx->hosted_tgt_qps;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    ++g_adopted[wire::slot_of_qpn(qpn)].qps;
+  }
+  {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    t->xrc_remote_openers = holders;
+    t->xrc_handles = static_cast<int>(holders.size());
+  }
+  for (const auto& h : holders)
+    if (h.first != wire::self_pid()) engine::watch_pid(h.first, process_died);
+  *out = t;
+  return 0;
+}
+
+// ---- after a kill ------------------------------------------------------------------------
+//
+// A process killed while others hold handles on its TGT QPs runs no code: nothing of the
+// QPs' state survives it. The first holder to notice takes the dead process's slot
+// (take_dead_slot; a process starting meanwhile may take it first: then the QPs are gone)
+// and builds each QP it holds a handle on again under its number, in ERR; the other
+// holders count their handles there again (rejoin, which builds a QP the taker held no
+// handle on). Every handle sees IBV_EVENT_QP_FATAL, and stays a handle on a live QP: reset
+// and connected anew it works again, under the same number. (The kernel's QP would go on
+// as it was; its connection state died with the process here: docs/xrc.md.)
+
+// Under g_remote_mu, having taken `slot` of the killed process `dead`: builds its QPs our
+// handles name, in ERR, and serves the slot. False if nothing could be built.
+bool rebuild_after_death(int slot, pid_t dead) {
+  std::map<uint32_t, std::pair<Qp*, int>> ours;  // qpn → (one of our handles, how many)
+  for (auto& [qpn, h] : g_remote_handles)
+    if (h->xrc_remote_slot == slot && h->xrc_remote_pid == dead && !h->xrc_remote_dead.load()) {
+      auto& o = ours[qpn];
+      o.first = h;
+      ++o.second;
+    }
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    Adoption& a = g_adopted[slot];
+    a.from = dead;
+    a.committed = true;
+  }
+  std::vector<Qp*> built;
+  for (const auto& [qpn, o] : ours) {
+    const std::vector<std::pair<pid_t, int>> holders(static_cast<size_t>(o.second),
+                                                     {wire::self_pid(), wire::my_slot()});
+    Qp* t = nullptr;
+    if (build_hosted_tgt(o.first->ctx, o.first->xrc_domain, qpn, holders, &t) != 0) continue;
+    ibv_qp_attr err{};
+    err.qp_state = IBV_QPS_ERR;
+    modify_qp(t, &err, IBV_QP_STATE);
+    built.push_back(t);
+  }
+  if (!built.empty() && wire::serve_adopted_slot(slot)) {
+    engine::roce_steering_changed();
+    ensure_handover_at_exit();
+    return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    g_adopted[slot].committed = false;  // the slot was never served: nothing to stop
+  }
+  for (Qp* t : built) {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    t->xrc_handles = 0;
+  }
+  for (Qp* t : built) destroy_qp_now(t);
+  wire::release_adopted_slot(slot);
+  return false;
+}
+
+// At the taker: process `pid` holds `handles` handles on `qpn` of the slot we took after a
+// kill; the QP is built if we held none on it (in ERR, as ours were).
+int rejoin(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot, int handles) {
+  if (g_exiting.load()) return EBUSY;
+  const int qp_slot = wire::slot_of_qpn(qpn);
+  if (handles <= 0 || handles > wire::kMaxXrcSnapshotHolders || qpn > 0xffffff ||
+      !wire::hosted_by_me(qp_slot) || !wire::adopted_after_death(qp_slot))
+    return EINVAL;
+  auto same_domain = [dev, ino](const std::shared_ptr<XrcDomain>& d) {
+    return d && d->shared && d->dev == static_cast<dev_t>(dev) && d->ino == static_cast<ino_t>(ino);
+  };
+  std::vector<std::pair<pid_t, int>> mine(static_cast<size_t>(handles), {pid, slot});
+  wire::QpRef ref = wire::find_local(qpn);
+  if (!ref) {
+    Context* ctx = nullptr;
+    std::shared_ptr<XrcDomain> domain;
+    {
+      std::lock_guard<std::mutex> lock(g_remote_mu);
+      for (auto& [q, h] : g_remote_handles)
+        if (wire::slot_of_qpn(q) == qp_slot && same_domain(h->xrc_domain)) {
+          ctx = h->ctx;
+          domain = h->xrc_domain;
+          break;
+        }
+    }
+    if (!ctx) return ENOENT;
+    Qp* t = nullptr;
+    if (int err = build_hosted_tgt(ctx, domain, qpn, mine, &t)) return err;
+    ibv_qp_attr err{};
+    err.qp_state = IBV_QPS_ERR;
+    modify_qp(t, &err, IBV_QP_STATE);
+    return 0;
+  }
+  Qp* t = ref.get();
+  if (t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from || t->xrc_remote_slot || !same_domain(t->xrc_domain))
+    return EINVAL;
+  {
+    std::lock_guard<std::mutex> lock(t->xrc_mu);
+    if (t->xrc_handles <= 0) return ENOENT;  // going away
+    auto& v = t->xrc_remote_openers;
+    const auto gone = std::erase_if(v, [pid](const std::pair<pid_t, int>& o) { return o.first == pid; });
+    v.insert(v.end(), mine.begin(), mine.end());
+    t->xrc_handles += handles - static_cast<int>(gone);
+  }
+  engine::watch_pid(pid, process_died);
+  return 0;
+}
+
 // At a holder: the ending process `from` hands us its TGT QP. Everything in `s` is its
 // word: checked here, and the QP is built by the verbs an application would call.
 int adopt(const wire::XrcSnapshot& s, pid_t from) {
@@ -669,35 +853,12 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
       holders.push_back({h.pid, h.slot});
   }
   if (holders.empty()) return EINVAL;
-  if (!ensure_tgt_resources(ctx)) return ENOMEM;
-  ibv_qp_init_attr init{};
-  init.send_cq = init.recv_cq = ctx->xrc_cq->cq();
-  init.qp_type = IBV_QPT_XRC_RECV;
-  ibv_qp* q = create_qp(ctx->xrc_pd, &init, qpn);
-  if (!q) return errno ? errno : ENOMEM;
-  Qp* t = Qp::from(q);
-  t->xrc_domain = domain;
-  q->pd = nullptr;
-  q->send_cq = q->recv_cq = nullptr;
-  t->cap = {};
-  // As a TGT QP whose creator's handle went: it holds the domain and its context.
-  hold_xrcd_domain(domain);
-  t->xrc_creator_gone = true;
-  {
-    std::lock_guard<std::mutex> lock(ctx->objects_mu);
-    ++ctx->hosted_tgt_qps;
-  }
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
-    Adoption& a = g_adopted[slot];
-    a.from = from;
-    ++a.qps;
+    g_adopted[slot].from = from;
   }
-  {
-    std::lock_guard<std::mutex> lock(t->xrc_mu);
-    t->xrc_remote_openers = holders;
-    t->xrc_handles = static_cast<int>(holders.size());
-  }
+  Qp* t = nullptr;
+  if (int err = build_hosted_tgt(ctx, domain, qpn, holders, &t)) return err;
   // On the wire, the connection goes on where the ending process's responder was.
   ibv_qp_attr attr = s.attr;
   if (s.has_link) attr.rq_psn = s.epsn & 0xffffff;
@@ -717,8 +878,6 @@ int adopt(const wire::XrcSnapshot& s, pid_t from) {
     std::lock_guard<QueueMutex> lock(t->rq_mu);
     t->comm_est_raised = true;
   }
-  for (const auto& h : holders)
-    if (h.first != wire::self_pid()) engine::watch_pid(h.first, process_died);
   engine::watch_pid(from, process_died);  // dead before its commit: what we built goes
   ensure_handover_at_exit();  // and on again, if we end before its last handle goes
   return 0;
@@ -927,6 +1086,7 @@ void install_xrc_hooks() {
   h.adopt = &adopt;
   h.commit = &commit;
   h.abort = &abort_adoption;
+  h.rejoin = &rejoin;
   wire::set_xrc_hooks(h);
   // Our XRC SRQs take messages of other processes' TGT QPs of the domain.
   wire::start_xrc_delivery();

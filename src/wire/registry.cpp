@@ -170,6 +170,31 @@ bool take_slot(int slot, pid_t from) {
   return false;
 }
 
+bool take_dead_slot(int slot, pid_t dead) {
+  const int mine = my_slot();
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  // (`dead` is the caller's word, from its pidfd: kill(2) would still find a zombie.)
+  if (!table || slot <= 0 || slot >= kSlots || mine <= 0 || slot == mine || dead <= 0) return false;
+  uint32_t before = table[slot].flags.load();
+  const uint32_t adopted = kSlotAdopted | kSlotAdoptedAfterDeath | static_cast<uint32_t>(mine) << kSlotHostShift;
+  if (table[slot].pid.load() != dead || !table[slot].flags.compare_exchange_strong(before, adopted))
+    return false;
+  int32_t expected = dead;
+  if (table[slot].pid.compare_exchange_strong(expected, self_pid())) return true;
+  // A newcomer claimed it first (it clears the flags itself; ours go back if it has not).
+  uint32_t ours = adopted;
+  table[slot].flags.compare_exchange_strong(ours, before);
+  return false;
+}
+
+bool adopted_after_death(int slot) {
+  if (host_slot(slot) == slot) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  return table && (table[slot].flags.load() & kSlotAdoptedAfterDeath);
+}
+
 bool hosted_by_me(int slot) {
   Entry* table = g_table.load();  // mapped once, never unmapped
   if (!table) {

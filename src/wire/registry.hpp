@@ -40,6 +40,8 @@ inline constexpr uint32_t kSlotHasGsi = 1;  // runs a QP1 agent (an rdma_cm MAD 
 // the entry's pid, which serves the slot's agent address (and RoCE datagrams) for them
 // from then on; its own slot is in the bits above kSlotHostShift (verbs/xrc.cpp).
 inline constexpr uint32_t kSlotAdopted = 2;
+// ... taken after its process was killed: its TGT QPs were rebuilt in ERR, not handed over.
+inline constexpr uint32_t kSlotAdoptedAfterDeath = 4;
 inline constexpr int kSlotHostShift = 16;
 void set_my_slot_flag(uint32_t flag, bool on);
 // The lowest slot other than `except` whose live owner has `flag` set, or -1.
@@ -52,6 +54,12 @@ int host_slot(int slot);
 // At the adopter: takes `slot` over from its process `from` (still alive, handing it
 // over), our own slot going in its flags. False if `from` does not hold it.
 bool take_slot(int slot, pid_t from);
+// A holder of a TGT QP of `slot`, whose process `dead` was killed, takes the slot
+// (kSlotAdopted | kSlotAdoptedAfterDeath): false if another process (a holder, a newcomer)
+// took it first. `dead` must have died (its pidfd said so).
+bool take_dead_slot(int slot, pid_t dead);
+// True when `slot` is adopted (a live adopter) after its process was killed.
+bool adopted_after_death(int slot);
 // True when this process serves `slot` as its adopter (no system call: the RoCE port asks
 // per datagram of a slot not its own).
 bool hosted_by_me(int slot);

@@ -1,19 +1,27 @@
 /*
- * An XRC TGT QP whose creator process dies while another process holds a handle on it.
- * In the kernel the QP would live on (its holders keep it). In softverbs it runs in its
- * creator's process and goes with it (docs/xrc.md): the surviving handle must then show
- * what a QP that met a fatal error shows, never hang or fail with a bare ENXIO:
- *  - the holder's context gets IBV_EVENT_QP_FATAL for the handle, once;
- *  - ibv_query_qp answers IBV_QPS_ERR; ibv_modify_qp fails (ENXIO: nothing left to modify);
- *  - ibv_destroy_qp of the handle and ibv_close_xrcd work.
+ * An XRC TGT QP whose creator process dies (_exit: no code of it runs, as after a kill)
+ * while other processes hold handles on it. In the kernel the QP would live on as it was
+ * (its holders keep it). In softverbs its state went with the process that ran it
+ * (docs/xrc.md): a holder takes the dead process's registry slot and builds the QP again
+ * under its number, in ERR, and every handle shows what a QP that met a fatal error shows,
+ * and stays a handle on a live QP:
+ *  - each holder's context gets IBV_EVENT_QP_FATAL for its handle, once;
+ *  - ibv_query_qp answers IBV_QPS_ERR;
+ *  - reset and connected anew through a handle, the QP takes messages again under the same
+ *    number (B's INI QP, reset and reconnected too, sends through it);
+ *  - the other holder's handle sees that (query RTR) and is destroyed; B's, the last, takes
+ *    the QP with it (opening it: ENOENT), and ibv_close_xrcd works.
  * A (child) creates the domain on a file and the TGT QP, connects it to B's INI QP, then
  * exits without destroying anything. B (parent) opens the domain, owns the XRC SRQ, holds a
- * handle on the TGT QP and sends one SEND through it before A dies.
+ * handle on the TGT QP and sends one SEND through it before A dies; D (child) holds a
+ * handle too. Whichever of B and D notices first takes the QP over; the other's handle
+ * counts there again (rejoin).
  */
 #include "common.h"
 #include "xrc_helpers.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +48,30 @@ static void creator_main(int sock)
 	_exit(0); /* everything still open: the process just ends */
 }
 
+/* ---- D: another holder -------------------------------------------------------------------- */
+
+static void holder_main(int sock)
+{
+	struct sv_dev d;
+	sv_open(&d);
+	uint32_t tgt_qpn;
+	CHECK_EQ(read(sock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
+	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, 0);
+	CHECKF(x != NULL, "D: open_xrcd: %s", strerror(errno));
+	struct ibv_qp *h = open_tgt(d.ctx, x, tgt_qpn);
+	CHECKF(h != NULL, "D: ibv_open_qp: %s", strerror(errno));
+	sv_say(sock, 1);
+	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h); /* A died */
+	sv_say(sock, 2);
+	CHECK_EQ(sv_hear(sock), 3); /* B reconnected the QP */
+	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+	CHECK_OK(ibv_destroy_qp(h));
+	CHECK_OK(ibv_close_xrcd(x));
+	sv_close(&d);
+	sv_say(sock, 4);
+	_exit(0);
+}
+
 /* ---- B: the holder ----------------------------------------------------------------------- */
 
 int main(void)
@@ -47,8 +79,9 @@ int main(void)
 	sv_init("twoproc_xrc_creator_dies");
 	if (!xrc_same_host_file(path))
 		return 0;
-	pid_t pid;
+	pid_t pid, dpid;
 	int sock = sv_fork_peer(creator_main, &pid);
+	int dsock = sv_fork_peer(holder_main, &dpid);
 
 	struct sv_dev d;
 	sv_open(&d);
@@ -67,6 +100,8 @@ int main(void)
 	struct ibv_qp *h = open_tgt(d.ctx, x, tgt_qpn);
 	CHECKF(h != NULL, "B: ibv_open_qp: %s", strerror(errno));
 	CHECK_EQ(sv_hear(sock), 2); /* A connected its TGT QP */
+	CHECK_EQ(write(dsock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
+	CHECK_EQ(sv_hear(dsock), 1); /* D holds a handle */
 
 	sv_step("B: a SEND through A's TGT QP");
 	struct ibv_wc wc;
@@ -78,11 +113,13 @@ int main(void)
 	CHECK_EQ(wc.wr_id, 101);
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 
-	sv_step("B: A dies; B's handle sees the QP fail");
+	sv_step("B: A dies; the handles see the QP fail");
 	sv_say(sock, 3);
 	sv_wait_peer(pid, "A");
 	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h);
-	/* Once: what else comes (the INI QP's own failure) is not about the handle again. */
+	/* B's INI QP fails too, as with any dead peer (after its retries' time). */
+	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, ini);
+	/* Once: what else comes is not about the handle again. */
 	struct ibv_async_event ev;
 	while (sv_wait_async(d.ctx, SV_QUIET_MS, &ev)) {
 		CHECKF(!(ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == h),
@@ -90,14 +127,35 @@ int main(void)
 		ibv_ack_async_event(&ev);
 	}
 	CHECK_EQ(sv_query_state(h), IBV_QPS_ERR);
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-	CHECK_ERR(ibv_modify_qp(h, &a, IBV_QP_STATE), ENXIO);
+	CHECK_EQ(sv_hear(dsock), 2); /* D's handle saw it too */
 
-	sv_step("B: the handle and the domain go");
+	sv_step("B: the QP, reset and connected anew through B's handle, takes messages again");
+	modify_state(h, IBV_QPS_RESET);
+	connect_xrc(h, &d, ini->qp_num, 0);
+	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+	modify_state(ini, IBV_QPS_RESET);
+	connect_xrc(ini, &d, tgt_qpn, 1);
+	CHECK_OK(sv_post_srq_recv(srq, 102, mr, 0, MSG));
+	CHECK_OK(post_xrc(ini, 2, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
+	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, ini, &wc);
+	sv_poll_one(rcq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 102);
+	CHECK_EQ(wc.qp_num, tgt_qpn);
+	CHECK_EQ(wc.src_qp, ini->qp_num);
+
+	sv_step("B: D's handle, then B's, the last: the QP and the domain go");
+	sv_say(dsock, 3);
+	CHECK_EQ(sv_hear(dsock), 4);
+	sv_wait_peer(dpid, "D");
 	CHECK_OK(ibv_destroy_qp(h));
+	CHECK(open_tgt(d.ctx, x, tgt_qpn) == NULL);
+	CHECK_EQ(errno, ENOENT);
 	CHECK_OK(ibv_destroy_qp(ini));
 	CHECK_OK(ibv_destroy_srq(srq));
 	CHECK_OK(ibv_close_xrcd(x));
+	CHECK(open_xrcd_file(d.ctx, path, 0) == NULL);
+	CHECK_EQ(errno, EAGAIN);
 	CHECK_OK(ibv_dereg_mr(mr));
 	CHECK_OK(ibv_destroy_cq(cq));
 	CHECK_OK(ibv_destroy_cq(rcq));

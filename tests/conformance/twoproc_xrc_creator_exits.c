@@ -23,7 +23,8 @@
  *  5. B destroys its handle, the last: the QP goes (opening it: ENOENT), and with the
  *     domain closed, the domain too (opening without O_CREAT: EAGAIN).
  * With SV_TEST_ADOPTER_KILLED=1 (.adopter_killed) D is killed instead of exiting: B's
- * handle then gets IBV_EVENT_QP_FATAL (which shows D, not B, ran the QP).
+ * handle then gets IBV_EVENT_QP_FATAL (which shows D, not B, ran the QP), B takes the QP
+ * over, and reset and reconnected it takes C's SENDs again.
  * Before the hand-over, B's handle got IBV_EVENT_QP_FATAL at A's exit (as it still does
  * when A is killed: conformance.twoproc_xrc_creator_dies).
  * Over RoCE v2, the TGT QP's responder goes on in B where A's stopped (the expected PSN
@@ -266,14 +267,18 @@ int main(void)
 
 	if (getenv("SV_TEST_ADOPTER_KILLED")) {
 		/* D runs the QP (it had the most handles): killed, no code of it runs, and
-		 * the QP goes with it as after any kill. */
+		 * the QP's state goes with it as after any kill: B takes the slot, the QP is
+		 * built again in ERR, and connected anew it works (twoproc_xrc_creator_dies). */
 		sv_step("D, which took the QP over, is killed: B's handle sees the QP fail");
 		CHECK_OK(kill(dpid, SIGKILL));
 		CHECK_EQ(waitpid(dpid, NULL, 0), dpid);
 		sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h);
 		CHECK_EQ(sv_query_state(h), IBV_QPS_ERR);
-		struct ibv_qp_attr r = {.qp_state = IBV_QPS_RESET};
-		CHECK_ERR(ibv_modify_qp(h, &r, IBV_QP_STATE), ENXIO);
+		modify_state(h, IBV_QPS_RESET);
+		connect_xrc(h, &d, ini_qpn, 0);
+		CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+		ask(csock, DO_RECONNECT, 0, 0, NULL); /* (its own failure, on one host, may come) */
+		expect_send(csock, srq, srqn, rcq, mr, 7, 'g', tgt_qpn, ini_qpn);
 		CHECK_OK(ibv_destroy_qp(h));
 	} else {
 		sv_step("D, which took the QP over, exits too");

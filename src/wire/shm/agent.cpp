@@ -50,6 +50,8 @@ enum Kind : uint32_t {
   kImport = 12,
   // XRC: a process that ends hands its TGT QPs still held elsewhere to a holder (XrcOp).
   kXrcAdopt = 13, kXrcCommit = 14, kXrcAbort = 15,
+  // XRC: a holder's handles on a TGT QP rebuilt after its process was killed.
+  kXrcRejoin = 16,
 };
 
 std::atomic<const XrcHooks*> g_xrc_hooks{nullptr};
@@ -385,6 +387,11 @@ int serve_xrc(const XrcHooks* h, const WireRequest& m, pid_t pid) {
       return h->commit ? h->commit(static_cast<int>(m.flags), pid) : ENOSYS;
     case kXrcAbort:
       return h->abort ? h->abort(static_cast<int>(m.flags), pid) : ENOSYS;
+    case kXrcRejoin: {
+      const int slot = static_cast<int>(m.src_qpn);
+      if (!h->rejoin || slot <= 0 || slot >= kSlots || slot_owner(slot) != pid) return EINVAL;
+      return h->rejoin(qpn, m.compare_add, m.swap, pid, slot, static_cast<int>(m.flags));
+    }
     default:
       return EINVAL;
   }
@@ -481,7 +488,7 @@ bool serve_one(const Server& srv, int fd) {
     return false;
   }
   if ((m.kind >= kXrcOpen && m.kind <= kXrcClose) || m.kind == kXrcAdopt ||
-      m.kind == kXrcCommit || m.kind == kXrcAbort) {
+      m.kind == kXrcCommit || m.kind == kXrcAbort || m.kind == kXrcRejoin) {
     r.kind = Reply::Ack;
     r.status = static_cast<uint32_t>(serve_xrc(xrc, m, cred.pid));
     if (send_message(fd, &r, sizeof(r), kPeerStallMs)) return true;
@@ -1012,7 +1019,7 @@ int xrc_call(int slot, WireRequest& m) {
   // A slot whose live process refuses connections is being handed over as that process
   // ends (verbs/xrc.cpp): its adopter takes the address within moments. Only a refusal is
   // waited out, for a second at most; a peer that does not answer is not.
-  const bool may_wait = m.kind < kXrcAdopt;
+  const bool may_wait = m.kind < kXrcAdopt || m.kind == kXrcRejoin;
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (!send_request(*c, slot, m, kReplyTimeoutMs)) {
     const bool refused = errno == ECONNREFUSED;
@@ -1052,6 +1059,16 @@ int agent_xrc_adopt(int slot, const XrcSnapshot* snap) {
   m.kind = kXrcAdopt;
   m.dst_qpn = snap->qpn;
   m.remote_addr = reinterpret_cast<uint64_t>(snap);
+  return xrc_call(slot, m);
+}
+
+int agent_xrc_rejoin(int slot, uint32_t qpn, uint64_t dev, uint64_t ino, int handles) {
+  WireRequest m{};
+  m.kind = kXrcRejoin;
+  m.dst_qpn = qpn;
+  m.compare_add = dev;
+  m.swap = ino;
+  m.flags = static_cast<uint32_t>(handles);
   return xrc_call(slot, m);
 }
 

@@ -60,6 +60,9 @@ struct XrcHooks {
   int (*adopt)(const struct XrcSnapshot& snap, pid_t pid) = nullptr;
   int (*commit)(int slot, pid_t pid) = nullptr;
   int (*abort)(int slot, pid_t pid) = nullptr;
+  // At the holder that took the slot of a killed process: process `pid` (in `slot`) holds
+  // `handles` handles on TGT QP `qpn` of domain (dev, ino), which it rebuilt (or builds).
+  int (*rejoin)(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot, int handles) = nullptr;
 };
 
 // What a process that ends hands over of a TGT QP that other processes hold (verbs/xrc.cpp).
@@ -104,6 +107,9 @@ int agent_xrc(int slot, XrcOp op, uint32_t qpn, uint64_t dev, uint64_t ino, ibv_
 bool stop_agent();
 int agent_xrc_adopt(int slot, const XrcSnapshot* snap);
 int agent_xrc_commit(int slot, int adopted_slot, bool abort = false);
+// After a kill: our `handles` handles on TGT QP `qpn` count at the holder that took the
+// QP's slot (0 or an errno value).
+int agent_xrc_rejoin(int slot, uint32_t qpn, uint64_t dev, uint64_t ino, int handles);
 // At the adopter: a thread like the agent's on `slot`'s address; false if it is taken.
 bool serve_adopted_slot(int slot);
 // ... until no TGT QP of that slot is left here (`release`: the thread gives the slot back
