@@ -152,40 +152,39 @@ int host_slot(int slot) {
   return alive(pid) && table[host].pid.load() == pid ? host : slot;
 }
 
-bool take_slot(int slot, pid_t from) {
-  const int mine = my_slot();
-  std::lock_guard<std::mutex> lock(g_mu);
-  Entry* table = map_table();
-  if (!table || slot <= 0 || slot >= kSlots || mine <= 0 || slot == mine) return false;
-  // The flags first, while `from` still holds the entry (no newcomer can claim it): whoever
-  // reads our pid in it reads them too. Put back if the entry was not `from`'s after all.
+namespace {
+
+// Under g_mu: `slot`'s entry from `from` to us, with `flags` (ours in the host bits). The
+// flags go first, while `from` still holds the entry: whoever reads our pid in it reads
+// them too. Put back if the entry was not `from`'s after all (a newcomer claimed it: it
+// clears the flags itself, ours go back if it has not yet).
+bool take_entry(Entry* table, int slot, pid_t from, uint32_t flags) {
+  const int mine = g_slot.load();
+  if (!table || slot <= 0 || slot >= kSlots || mine <= 0 || slot == mine || from <= 0) return false;
   uint32_t before = table[slot].flags.load();
-  const uint32_t adopted = kSlotAdopted | static_cast<uint32_t>(mine) << kSlotHostShift;
-  if (table[slot].pid.load() != from || !table[slot].flags.compare_exchange_strong(before, adopted))
+  const uint32_t ours = flags | static_cast<uint32_t>(mine) << kSlotHostShift;
+  if (table[slot].pid.load() != from || !table[slot].flags.compare_exchange_strong(before, ours))
     return false;
   int32_t expected = from;
   if (table[slot].pid.compare_exchange_strong(expected, self_pid())) return true;
-  uint32_t ours = adopted;
-  table[slot].flags.compare_exchange_strong(ours, before);
+  uint32_t mine_now = ours;
+  table[slot].flags.compare_exchange_strong(mine_now, before);
   return false;
 }
 
-bool take_dead_slot(int slot, pid_t dead) {
-  const int mine = my_slot();
+}  // namespace
+
+bool take_slot(int slot, pid_t from) {
+  my_slot();
   std::lock_guard<std::mutex> lock(g_mu);
-  Entry* table = map_table();
+  return take_entry(map_table(), slot, from, kSlotAdopted);
+}
+
+bool take_dead_slot(int slot, pid_t dead) {
   // (`dead` is the caller's word, from its pidfd: kill(2) would still find a zombie.)
-  if (!table || slot <= 0 || slot >= kSlots || mine <= 0 || slot == mine || dead <= 0) return false;
-  uint32_t before = table[slot].flags.load();
-  const uint32_t adopted = kSlotAdopted | kSlotAdoptedAfterDeath | static_cast<uint32_t>(mine) << kSlotHostShift;
-  if (table[slot].pid.load() != dead || !table[slot].flags.compare_exchange_strong(before, adopted))
-    return false;
-  int32_t expected = dead;
-  if (table[slot].pid.compare_exchange_strong(expected, self_pid())) return true;
-  // A newcomer claimed it first (it clears the flags itself; ours go back if it has not).
-  uint32_t ours = adopted;
-  table[slot].flags.compare_exchange_strong(ours, before);
-  return false;
+  my_slot();
+  std::lock_guard<std::mutex> lock(g_mu);
+  return take_entry(map_table(), slot, dead, kSlotAdopted | kSlotAdoptedAfterDeath);
 }
 
 bool adopted_after_death(int slot) {

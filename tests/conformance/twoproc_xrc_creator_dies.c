@@ -54,12 +54,9 @@ static void holder_main(int sock)
 {
 	struct sv_dev d;
 	sv_open(&d);
-	uint32_t tgt_qpn;
-	CHECK_EQ(read(sock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
-	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, 0);
-	CHECKF(x != NULL, "D: open_xrcd: %s", strerror(errno));
-	struct ibv_qp *h = open_tgt(d.ctx, x, tgt_qpn);
-	CHECKF(h != NULL, "D: ibv_open_qp: %s", strerror(errno));
+	struct ibv_xrcd *x;
+	struct ibv_qp *h;
+	open_tgt_handles(&d, sock, path, &x, &h, 1);
 	sv_say(sock, 1);
 	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h); /* A died */
 	sv_say(sock, 2);
@@ -73,6 +70,7 @@ static void holder_main(int sock)
 }
 
 /* ---- B: the holder ----------------------------------------------------------------------- */
+
 
 int main(void)
 {
@@ -104,13 +102,7 @@ int main(void)
 	CHECK_EQ(sv_hear(dsock), 1); /* D holds a handle */
 
 	sv_step("B: a SEND through A's TGT QP");
-	struct ibv_wc wc;
-	CHECK_OK(sv_post_srq_recv(srq, 101, mr, 0, MSG));
-	CHECK_OK(post_xrc(ini, 1, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
-	sv_expect_wc(cq, 1, IBV_WC_SUCCESS, ini, &wc);
-	sv_poll_one(rcq, &wc);
-	CHECK_STATUS(wc, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, 101);
+	xrc_send_through(ini, cq, rcq, srq, srqn, mr, MSG, 1, 'a', tgt_qpn);
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 
 	sv_step("B: A dies; the handles see the QP fail");
@@ -135,14 +127,7 @@ int main(void)
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 	modify_state(ini, IBV_QPS_RESET);
 	connect_xrc(ini, &d, tgt_qpn, 1);
-	CHECK_OK(sv_post_srq_recv(srq, 102, mr, 0, MSG));
-	CHECK_OK(post_xrc(ini, 2, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
-	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, ini, &wc);
-	sv_poll_one(rcq, &wc);
-	CHECK_STATUS(wc, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, 102);
-	CHECK_EQ(wc.qp_num, tgt_qpn);
-	CHECK_EQ(wc.src_qp, ini->qp_num);
+	xrc_send_through(ini, cq, rcq, srq, srqn, mr, MSG, 2, 'b', tgt_qpn);
 
 	sv_step("B: D's handle, then B's, the last: the QP and the domain go");
 	sv_say(dsock, 3);

@@ -86,15 +86,12 @@ static void holder_main(int sock)
 {
 	struct sv_dev d;
 	sv_open(&d);
-	uint32_t tgt_qpn;
-	CHECK_EQ(read(sock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
-	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, 0);
-	CHECKF(x != NULL, "D: open_xrcd: %s", strerror(errno));
-	struct ibv_qp *h1 = open_tgt(d.ctx, x, tgt_qpn), *h2 = open_tgt(d.ctx, x, tgt_qpn);
-	CHECKF(h1 && h2, "D: ibv_open_qp: %s", strerror(errno));
+	struct ibv_xrcd *x;
+	struct ibv_qp *h[2];
+	open_tgt_handles(&d, sock, path, &x, h, 2);
 	sv_say(sock, 1);
 	CHECK_EQ(sv_hear(sock), 2); /* A has exited: D runs the QP now */
-	CHECK_EQ(sv_query_state(h1), IBV_QPS_RTR);
+	CHECK_EQ(sv_query_state(h[0]), IBV_QPS_RTR);
 	exit(0); /* and hands it on to B */
 }
 

@@ -32,25 +32,6 @@
 
 static char path[] = "/tmp/softverbs-xrc-leave-XXXXXX";
 
-/* A SEND of MSG bytes of `fill` from B's INI QP through TGT QP tgt_qpn into B's XRC SRQ:
- * both completions (the receive's wr_id is id + 100) and the payload. */
-static void send_through(struct ibv_qp *ini, struct ibv_cq *cq, struct ibv_cq *rcq,
-			 struct ibv_srq *srq, uint32_t srqn, struct ibv_mr *mr, uint64_t id, char fill,
-			 uint32_t tgt_qpn)
-{
-	struct ibv_wc wc;
-	CHECK_OK(sv_post_srq_recv(srq, id + 100, mr, 0, MSG));
-	memset(sv_ptr(mr, 4096), fill, MSG);
-	CHECK_OK(post_xrc(ini, id, IBV_WR_SEND, srqn, mr, 4096, MSG, 0, 0));
-	sv_expect_wc(cq, id, IBV_WC_SUCCESS, ini, &wc);
-	sv_poll_one(rcq, &wc);
-	CHECK_STATUS(wc, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, id + 100);
-	CHECK_EQ(wc.qp_num, tgt_qpn);
-	CHECK_EQ(wc.src_qp, ini->qp_num);
-	CHECKF(sv_ptr(mr, 0)[0] == fill && sv_ptr(mr, 0)[MSG - 1] == fill, "B: SEND payload");
-}
-
 /* ---- B: the SRQ, a handle on A's TGT QP, the INI QP ---------------------------------- */
 
 static void peer_main(int sock)
@@ -76,7 +57,7 @@ static void peer_main(int sock)
 
 	sv_step("B: SEND, WRITE and READ through the TGT QP of a creator that left");
 	struct ibv_wc wc;
-	send_through(ini, cq, rcq, srq, srqn, mr, 1, 's', tgt_qpn);
+	xrc_send_through(ini, cq, rcq, srq, srqn, mr, MSG, 1, 's', tgt_qpn);
 	memset(sv_ptr(mr, 5000), 'w', 8);
 	CHECK_OK(post_xrc(ini, 2, IBV_WR_RDMA_WRITE, srqn, mr, 5000, 8, sv_addr(mr, 8192), mr->rkey));
 	sv_expect_wc(cq, 2, IBV_WC_SUCCESS, ini, &wc);
@@ -98,7 +79,7 @@ static void peer_main(int sock)
 	connect_xrc(h, &d, ini->qp_num, 0);
 	connect_xrc(ini, &d, tgt_qpn, 1);
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
-	send_through(ini, cq, rcq, srq, srqn, mr, 5, 't', tgt_qpn);
+	xrc_send_through(ini, cq, rcq, srq, srqn, mr, MSG, 5, 't', tgt_qpn);
 
 	if (getenv("SV_TEST_OPENER_DIES")) {
 		sv_step("B: dies holding its handle");

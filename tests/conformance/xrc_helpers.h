@@ -105,6 +105,22 @@ static inline struct ibv_qp *open_tgt(struct ibv_context *ctx, struct ibv_xrcd *
 	return ibv_open_qp(ctx, &oa);
 }
 
+/* A holder process's start: reads the TGT QP's number from sock, opens the domain of the
+ * file at `path` and `n` handles on that QP into h[] (the domain in *x). */
+static inline uint32_t open_tgt_handles(struct sv_dev *d, int sock, const char *path,
+					struct ibv_xrcd **x, struct ibv_qp **h, int n)
+{
+	uint32_t tgt_qpn;
+	CHECK_EQ(read(sock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
+	*x = open_xrcd_file(d->ctx, path, 0);
+	CHECKF(*x != NULL, "open_xrcd: %s", strerror(errno));
+	for (int i = 0; i < n; i++) {
+		h[i] = open_tgt(d->ctx, *x, tgt_qpn);
+		CHECKF(h[i] != NULL, "ibv_open_qp: %s", strerror(errno));
+	}
+	return tgt_qpn;
+}
+
 /* INIT, then RTR to dest (and RTS for an INI QP), with the masks the kernel's table wants
  * for XRC: an INI QP takes no receive attributes (max_dest_rd_atomic: EINVAL). */
 static inline void connect_xrc_gid(struct ibv_qp *qp, const struct sv_dev *d, uint32_t dest,
@@ -161,6 +177,26 @@ static inline int post_xrc(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op
 	if (op == IBV_WR_SEND_WITH_INV)
 		wr.invalidate_rkey = rkey; /* the window's key to invalidate */
 	return ibv_post_send(qp, &wr, &bad);
+}
+
+/* A SEND of `len` bytes of `fill` (at mr offset 4096) from INI QP `ini` through TGT QP
+ * tgt_qpn into XRC SRQ srq (number srqn, receive at mr offset 0, wr_id id + 100, on rcq):
+ * both completions, the receive naming the TGT and INI QPs, and the payload. */
+static inline void xrc_send_through(struct ibv_qp *ini, struct ibv_cq *cq, struct ibv_cq *rcq,
+				    struct ibv_srq *srq, uint32_t srqn, struct ibv_mr *mr,
+				    uint32_t len, uint64_t id, char fill, uint32_t tgt_qpn)
+{
+	struct ibv_wc wc;
+	CHECK_OK(sv_post_srq_recv(srq, id + 100, mr, 0, len));
+	memset(sv_ptr(mr, 4096), fill, len);
+	CHECK_OK(post_xrc(ini, id, IBV_WR_SEND, srqn, mr, 4096, len, 0, 0));
+	sv_expect_wc(cq, id, IBV_WC_SUCCESS, ini, &wc);
+	sv_poll_one(rcq, &wc);
+	CHECK_STATUS(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, id + 100);
+	CHECK_EQ(wc.qp_num, tgt_qpn);
+	CHECK_EQ(wc.src_qp, ini->qp_num);
+	CHECKF(sv_ptr(mr, 0)[0] == fill && sv_ptr(mr, 0)[len - 1] == fill, "SEND payload");
 }
 
 /* For the tests of a handle in another process (ibv_open_qp), which run on one host: makes
