@@ -629,8 +629,11 @@ struct Qp {
   int xrc_remote_slot = 0;
   // That process (its pid when the handle was opened); once it died the QP is gone with it
   // and the handle shows a fatal error (verbs/xrc.cpp creator_died).
-  pid_t xrc_remote_pid = 0;
+  std::atomic<pid_t> xrc_remote_pid{0};  // (follows the QP when it moves: verbs/xrc.cpp)
   std::atomic<bool> xrc_remote_dead{false};
+  // Its host was killed and another holder took the QP over: this handle is being counted
+  // there again (rejoin); a destroy meanwhile sends its close after that (under g_remote_mu).
+  bool xrc_rejoining = false;
   // This process is ending and handed the TGT QP over to a holder (verbs/xrc.cpp
   // handover_at_exit): what is left here is a copy nobody reaches, which tells no one.
   std::atomic<bool> xrc_moved{false};

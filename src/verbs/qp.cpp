@@ -384,6 +384,12 @@ ibv_qp* create_qp(Pd* pd, ibv_qp_init_attr* init, uint32_t qpn_wanted) {
     errno = ENOMEM;
     return nullptr;
   }
+  if (qpn_wanted && wire::find_local(qpn_wanted)) {  // that number names a QP here already
+    uncount_object(Counted::Qp);
+    if (raw) engine::raw_qp_create_failed();
+    errno = EEXIST;
+    return nullptr;
+  }
   auto* qp = new (std::nothrow) Qp{};
   uint32_t qpn = qp ? (qpn_wanted ? qpn_wanted : wire::allocate_qpn()) : 0;
   if (!qpn) {

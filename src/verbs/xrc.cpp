@@ -359,6 +359,11 @@ namespace {
 // This process's handles on TGT QPs of other processes, by QP number (events find them).
 std::mutex g_remote_mu;
 std::multimap<uint32_t, Qp*>& g_remote_handles = *new std::multimap<uint32_t, Qp*>;  // immortal
+// Handles destroyed while being counted again at a new host (Qp::xrc_rejoining), by QP
+// number: their closes, sent once the rejoin is done (creator_died).
+std::map<uint32_t, int>& g_rejoin_closes = *new std::map<uint32_t, int>;
+// This process is ending: it adopts nothing more (its own hand-over may be under way).
+std::atomic<bool> g_exiting{false};
 
 // ---- the agent's side: other processes' handles on our TGT QPs -------------------------
 
@@ -478,43 +483,56 @@ void creator_died(pid_t pid) {
       if (h->xrc_remote_pid != pid || h->xrc_remote_dead.load()) continue;
       // It ended cleanly and handed its slot, this QP with it, to a holder (handover_at_exit,
       // done before it exited): that process hosts it now; nothing for the handle to see.
+      // (Watched even if it died since: its death brings us back here for it.)
       const int slot = h->xrc_remote_slot;
-      const pid_t host = wire::slot_owner(slot);
-      if (wire::host_slot(slot) != slot && !wire::adopted_after_death(slot) && host > 0 && host != pid) {
-        h->xrc_remote_pid = host;
-        hosts.push_back(host);
+      bool after_death;
+      const pid_t adopter = wire::adopter_of(slot, &after_death);
+      if (adopter > 0 && adopter != pid && !after_death) {
+        h->xrc_remote_pid = adopter;
+        hosts.push_back(adopter);
         continue;
       }
       Failed& f = failed[qpn];
       f = {slot, static_cast<uint64_t>(h->xrc_domain->dev), static_cast<uint64_t>(h->xrc_domain->ino),
            f.handles + 1};
     }
-    // Killed: the first holder to get here takes the slot and builds the QPs again.
+    // Killed: the first holder to get here takes the slot and builds the QPs again (only
+    // while the entry still names the dead process; not in a process that is ending).
     std::set<int> slots;
     for (const auto& [qpn, f] : failed) slots.insert(f.slot);
-    // (Only while the entry still names it: kill(2) finds a zombie alive, so host_slot
-    // may still answer for it.)
     for (int slot : slots)
-      if (wire::take_dead_slot(slot, pid)) rebuild_after_death(slot, pid);
+      if (!g_exiting.load() && wire::take_dead_slot(slot, pid)) rebuild_after_death(slot, pid);
+    // Handles of QPs another holder took: counted there again next; a destroy meanwhile
+    // holds its close back until then.
+    for (auto& [qpn, h] : g_remote_handles)
+      if (h->xrc_remote_pid == pid && !h->xrc_remote_dead.load() && failed.count(qpn))
+        h->xrc_rejoining = true;
   }
   for (pid_t host : hosts)
     if (host != self) engine::watch_pid(host, process_died);
   if (failed.empty()) return;
   // Where each QP lives on: ours, or the taker's, where our handles count again (asked
-  // outside the lock: the taker's agent may need its own while ours waits).
+  // outside the lock: the taker's agent may need its own while ours waits). A taker that
+  // does not answer is followed all the same: if it died, its death brings us back.
   std::map<uint32_t, pid_t> lives;
   for (const auto& [qpn, f] : failed) {
-    if (!wire::adopted_after_death(f.slot)) continue;
-    const pid_t host = wire::slot_owner(f.slot);
-    if (host == self ? static_cast<bool>(wire::find_local(qpn))
-                     : host > 0 && wire::agent_xrc_rejoin(f.slot, qpn, f.dev, f.ino, f.handles) == 0)
-      lives[qpn] = host;
+    bool after_death;
+    const pid_t host = wire::adopter_of(f.slot, &after_death);
+    if (host <= 0 || !after_death || host == pid) continue;
+    if (host == self) {
+      if (wire::find_local(qpn)) lives[qpn] = host;
+      continue;
+    }
+    const int err = wire::agent_xrc_rejoin(f.slot, qpn, f.dev, f.ino, f.handles);
+    if (err == 0 || err == ENXIO) lives[qpn] = host;
   }
+  std::map<uint32_t, int> closes;
   {
     // Every handle sees the QP fail; where it lives on, the handle stays its handle.
     std::lock_guard<std::mutex> lock(g_remote_mu);
     for (auto& [qpn, h] : g_remote_handles) {
       if (h->xrc_remote_pid != pid || h->xrc_remote_dead.load() || !failed.count(qpn)) continue;
+      h->xrc_rejoining = false;
       auto it = lives.find(qpn);
       if (it != lives.end()) h->xrc_remote_pid = it->second;
       else h->xrc_remote_dead.store(true);
@@ -524,7 +542,17 @@ void creator_died(pid_t pid) {
       ev.event_type = IBV_EVENT_QP_FATAL;
       h->ctx->post_async(ev);
     }
+    for (const auto& [qpn, f] : failed) {
+      auto it = g_rejoin_closes.find(qpn);
+      if (it == g_rejoin_closes.end()) continue;
+      if (lives.count(qpn)) closes[qpn] = it->second;
+      g_rejoin_closes.erase(it);
+    }
   }
+  // The closes of handles destroyed while they were being counted again.
+  for (const auto& [qpn, n] : closes)
+    for (int i = 0; i < n; ++i)
+      wire::agent_xrc(failed[qpn].slot, wire::XrcOp::Close, qpn, 0, 0, nullptr, 0);
   for (const auto& [qpn, host] : lives)
     if (host != self) engine::watch_pid(host, process_died);
 }
@@ -535,8 +563,8 @@ void adoptions_died(pid_t pid);  // below
 
 void process_died(pid_t pid) {
   openers_died(pid);
+  adoptions_died(pid);  // first: a QP it was handing us goes before any is built again
   creator_died(pid);
-  adoptions_died(pid);
 }
 
 // At an opener: an event of a TGT QP in `slot`'s process, for each of our handles on it.
@@ -598,8 +626,6 @@ struct Adoption {
 };
 std::mutex g_adopted_mu;
 std::map<int, Adoption>& g_adopted = *new std::map<int, Adoption>;
-// This process is ending: it adopts nothing more (its own hand-over may be under way).
-std::atomic<bool> g_exiting{false};
 
 bool pid_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -673,6 +699,10 @@ void drop_uncommitted(int slot, pid_t from) {
 // g_adopted (its `from` and `committed` are the caller's).
 int build_hosted_tgt(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uint32_t qpn,
                      const std::vector<std::pair<pid_t, int>>& holders, Qp** out) {
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    if (!g_adopted.count(wire::slot_of_qpn(qpn))) return ENOENT;  // the caller's to make
+  }
   if (!ensure_tgt_resources(ctx)) return ENOMEM;
   ibv_qp_init_attr init{};
   init.send_cq = init.recv_cq = ctx->xrc_cq->cq();
@@ -693,7 +723,7 @@ int build_hosted_tgt(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uin
   }
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
-    ++g_adopted[wire::slot_of_qpn(qpn)].qps;
+    ++g_adopted[wire::slot_of_qpn(qpn)].qps;  // (its entry stays while this QP lives)
   }
   {
     std::lock_guard<std::mutex> lock(t->xrc_mu);
@@ -758,6 +788,11 @@ bool rebuild_after_death(int slot, pid_t dead) {
     t->xrc_handles = 0;
   }
   for (Qp* t : built) destroy_qp_now(t);
+  {
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    auto it = g_adopted.find(slot);
+    if (it != g_adopted.end() && it->second.qps == 0) g_adopted.erase(it);
+  }
   wire::release_adopted_slot(slot);
   return false;
 }
@@ -770,6 +805,12 @@ int rejoin(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot, int ha
   if (handles <= 0 || handles > wire::kMaxXrcSnapshotHolders || qpn > 0xffffff ||
       !wire::hosted_by_me(qp_slot) || !wire::adopted_after_death(qp_slot))
     return EINVAL;
+  {
+    // Only while we serve the slot (its last QP gone, it is being let go).
+    std::lock_guard<std::mutex> lock(g_adopted_mu);
+    auto it = g_adopted.find(qp_slot);
+    if (it == g_adopted.end() || !it->second.committed) return ENOENT;
+  }
   auto same_domain = [dev, ino](const std::shared_ptr<XrcDomain>& d) {
     return d && d->shared && d->dev == static_cast<dev_t>(dev) && d->ino == static_cast<ino_t>(ino);
   };
@@ -801,10 +842,9 @@ int rejoin(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot, int ha
   {
     std::lock_guard<std::mutex> lock(t->xrc_mu);
     if (t->xrc_handles <= 0) return ENOENT;  // going away
-    auto& v = t->xrc_remote_openers;
-    const auto gone = std::erase_if(v, [pid](const std::pair<pid_t, int>& o) { return o.first == pid; });
-    v.insert(v.end(), mine.begin(), mine.end());
-    t->xrc_handles += handles - static_cast<int>(gone);
+    // Added to what `pid` has here already (handles it opened since we took the QP).
+    t->xrc_remote_openers.insert(t->xrc_remote_openers.end(), mine.begin(), mine.end());
+    t->xrc_handles += handles;
   }
   engine::watch_pid(pid, process_died);
   return 0;
@@ -1159,6 +1199,7 @@ int query_remote_tgt(Qp* h, ibv_qp_attr* attr, ibv_qp_init_attr* init) {
 }
 
 void destroy_remote_tgt(Qp* h) {
+  bool rejoining;
   {
     std::lock_guard<std::mutex> lock(g_remote_mu);
     auto [from, to] = g_remote_handles.equal_range(h->qpn());
@@ -1167,9 +1208,12 @@ void destroy_remote_tgt(Qp* h) {
         g_remote_handles.erase(it);
         break;
       }
+    // Being counted again at the QP's new host: the close goes once that is done.
+    rejoining = h->xrc_rejoining;
+    if (rejoining) ++g_rejoin_closes[h->qpn()];
   }
   // The TGT QP's process may be gone: then there is nothing left to release.
-  if (!h->xrc_remote_dead.load())
+  if (!rejoining && !h->xrc_remote_dead.load())
     wire::agent_xrc(h->xrc_remote_slot, wire::XrcOp::Close, h->qpn(), 0, 0, nullptr, 0);
   free_opened_handle(h);
 }

@@ -194,6 +194,18 @@ bool adopted_after_death(int slot) {
   return table && (table[slot].flags.load() & kSlotAdoptedAfterDeath);
 }
 
+pid_t adopter_of(int slot, bool* after_death) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  Entry* table = map_table();
+  *after_death = false;
+  if (!table || slot <= 0 || slot >= kSlots) return 0;
+  const uint32_t flags = table[slot].flags.load();
+  const int32_t pid = table[slot].pid.load();
+  if (!(flags & kSlotAdopted) || pid <= 0) return 0;
+  *after_death = (flags & kSlotAdoptedAfterDeath) != 0;
+  return pid;
+}
+
 bool hosted_by_me(int slot) {
   Entry* table = g_table.load();  // mapped once, never unmapped
   if (!table) {

@@ -60,6 +60,9 @@ bool take_slot(int slot, pid_t from);
 bool take_dead_slot(int slot, pid_t dead);
 // True when `slot` is adopted (a live adopter) after its process was killed.
 bool adopted_after_death(int slot);
+// The pid in `slot`'s entry when the slot is adopted (alive or not, kSlotAdopted set),
+// else 0; *after_death tells whether it was taken after a kill.
+pid_t adopter_of(int slot, bool* after_death);
 // True when this process serves `slot` as its adopter (no system call: the RoCE port asks
 // per datagram of a slot not its own).
 bool hosted_by_me(int slot);

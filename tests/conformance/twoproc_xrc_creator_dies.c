@@ -14,13 +14,15 @@
  * A (child) creates the domain on a file and the TGT QP, connects it to B's INI QP, then
  * exits without destroying anything. B (parent) opens the domain, owns the XRC SRQ, holds a
  * handle on the TGT QP and sends one SEND through it before A dies; D (child) holds a
- * handle too. Whichever of B and D notices first takes the QP over; the other's handle
- * counts there again (rejoin).
+ * handle on it and the only one on a second TGT QP of A's. D is stopped until B has taken
+ * A's slot over, so that D's handles count again at B (rejoin), the second QP being built
+ * there for D.
  */
 #include "common.h"
 #include "xrc_helpers.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,10 +41,11 @@ static void creator_main(int sock)
 	struct ibv_xrcd *x = open_xrcd_file(d.ctx, path, O_CREAT);
 	CHECK(x != NULL);
 	sv_say(sock, 1);
-	struct ibv_qp *tgt = tgt_qp(&d, x);
+	struct ibv_qp *tgt = tgt_qp(&d, x), *other = tgt_qp(&d, x);
 	uint32_t ini_qpn, ours = tgt->qp_num;
 	sv_exchange(sock, &ours, &ini_qpn, sizeof(ours));
 	connect_xrc(tgt, &d, ini_qpn, 0);
+	CHECK_EQ(write(sock, &other->qp_num, sizeof(uint32_t)), (ssize_t)sizeof(uint32_t));
 	sv_say(sock, 2);
 	CHECK_EQ(sv_hear(sock), 3);
 	_exit(0); /* everything still open: the process just ends */
@@ -55,13 +58,27 @@ static void holder_main(int sock)
 	struct sv_dev d;
 	sv_open(&d);
 	struct ibv_xrcd *x;
-	struct ibv_qp *h;
+	struct ibv_qp *h, *o;
 	open_tgt_handles(&d, sock, path, &x, &h, 1);
+	uint32_t other_qpn;
+	CHECK_EQ(read(sock, &other_qpn, sizeof(other_qpn)), (ssize_t)sizeof(other_qpn));
+	o = open_tgt(d.ctx, x, other_qpn);
+	CHECKF(o != NULL, "D: ibv_open_qp of the other QP: %s", strerror(errno));
 	sv_say(sock, 1);
+	/* (Stopped by B until B took A's QPs over: D's handles count again at B, and the QP
+	 * only D held is built there for them.) */
 	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h); /* A died */
+	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, o);
+	CHECK_EQ(sv_query_state(o), IBV_QPS_ERR);
 	sv_say(sock, 2);
 	CHECK_EQ(sv_hear(sock), 3); /* B reconnected the QP */
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
+	CHECK_EQ(sv_query_state(o), IBV_QPS_ERR);
+	modify_state(o, IBV_QPS_RESET); /* a live QP, at B */
+	CHECK_EQ(sv_query_state(o), IBV_QPS_RESET);
+	CHECK_OK(ibv_destroy_qp(o)); /* its last handle: it goes */
+	CHECK(open_tgt(d.ctx, x, other_qpn) == NULL);
+	CHECK_EQ(errno, ENOENT);
 	CHECK_OK(ibv_destroy_qp(h));
 	CHECK_OK(ibv_close_xrcd(x));
 	sv_close(&d);
@@ -97,18 +114,23 @@ int main(void)
 	connect_xrc(ini, &d, tgt_qpn, 1);
 	struct ibv_qp *h = open_tgt(d.ctx, x, tgt_qpn);
 	CHECKF(h != NULL, "B: ibv_open_qp: %s", strerror(errno));
+	uint32_t other_qpn; /* a second TGT QP of A's, which only D holds */
+	CHECK_EQ(read(sock, &other_qpn, sizeof(other_qpn)), (ssize_t)sizeof(other_qpn));
 	CHECK_EQ(sv_hear(sock), 2); /* A connected its TGT QP */
 	CHECK_EQ(write(dsock, &tgt_qpn, sizeof(tgt_qpn)), (ssize_t)sizeof(tgt_qpn));
-	CHECK_EQ(sv_hear(dsock), 1); /* D holds a handle */
+	CHECK_EQ(write(dsock, &other_qpn, sizeof(other_qpn)), (ssize_t)sizeof(other_qpn));
+	CHECK_EQ(sv_hear(dsock), 1); /* D holds its handles */
 
 	sv_step("B: a SEND through A's TGT QP");
 	xrc_send_through(ini, cq, rcq, srq, srqn, mr, MSG, 1, 'a', tgt_qpn);
 	CHECK_EQ(sv_query_state(h), IBV_QPS_RTR);
 
 	sv_step("B: A dies; the handles see the QP fail");
+	CHECK_OK(kill(dpid, SIGSTOP)); /* B takes A's QPs over, D counts again there */
 	sv_say(sock, 3);
 	sv_wait_peer(pid, "A");
 	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, h);
+	CHECK_OK(kill(dpid, SIGCONT));
 	/* B's INI QP fails too, as with any dead peer (after its retries' time). */
 	sv_expect_async(d.ctx, IBV_EVENT_QP_FATAL, ini);
 	/* Once: what else comes is not about the handle again. */

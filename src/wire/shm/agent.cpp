@@ -818,12 +818,15 @@ bool wait_stopped(std::atomic<bool>* stopped) {
 }  // namespace
 
 bool stop_agent() {
-  std::lock_guard<std::mutex> lock(g_server_mu);
-  if (g_server_pid != getpid() || g_server_stop_fd < 0) return false;
-  const uint64_t one = 1;
-  if (write(g_server_stop_fd, &one, sizeof(one)) != sizeof(one)) return false;
-  g_server_pid = 0;
-  g_server_stopped_in = getpid();  // not started again: the address is the adopter's
+  {
+    std::lock_guard<std::mutex> lock(g_server_mu);
+    if (g_server_pid != getpid() || g_server_stop_fd < 0) return false;
+    const uint64_t one = 1;
+    if (write(g_server_stop_fd, &one, sizeof(one)) != sizeof(one)) return false;
+    g_server_pid = 0;
+    g_server_stopped_in = getpid();  // not started again: the address is the adopter's
+  }
+  // (Not under the lock: the thread may be serving a request that needs it.)
   return wait_stopped(g_server_stopped);
 }
 
