@@ -817,17 +817,17 @@ int rejoin(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot, int ha
   std::vector<std::pair<pid_t, int>> mine(static_cast<size_t>(handles), {pid, slot});
   wire::QpRef ref = wire::find_local(qpn);
   if (!ref) {
+    // Built in the context of one of our handles on the slot's QPs, which the lock keeps
+    // from being destroyed (and its context closed) meanwhile.
+    std::lock_guard<std::mutex> lock(g_remote_mu);
     Context* ctx = nullptr;
     std::shared_ptr<XrcDomain> domain;
-    {
-      std::lock_guard<std::mutex> lock(g_remote_mu);
-      for (auto& [q, h] : g_remote_handles)
-        if (wire::slot_of_qpn(q) == qp_slot && same_domain(h->xrc_domain)) {
-          ctx = h->ctx;
-          domain = h->xrc_domain;
-          break;
-        }
-    }
+    for (auto& [q, h] : g_remote_handles)
+      if (wire::slot_of_qpn(q) == qp_slot && same_domain(h->xrc_domain)) {
+        ctx = h->ctx;
+        domain = h->xrc_domain;
+        break;
+      }
     if (!ctx) return ENOENT;
     Qp* t = nullptr;
     if (int err = build_hosted_tgt(ctx, domain, qpn, mine, &t)) return err;
