@@ -394,6 +394,8 @@ int remote_open(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot) {
     t->xrc_remote_openers.push_back({pid, slot});
     ++t->xrc_handles;
   }
+  // If we are killed, a holder takes the slot over: newcomers leave it alone meanwhile.
+  if (wire::slot_of_qpn(qpn) == wire::my_slot()) wire::set_my_slot_flag(wire::kSlotSharedTgt, true);
   engine::watch_pid(pid, process_died);  // its handles go with it (openers_died)
   return 0;
 }

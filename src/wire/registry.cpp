@@ -75,19 +75,24 @@ int my_slot() {
     g_owner.store(self, std::memory_order_release);
     return 0;
   }
-  // Slot 0 and the last slot are never used: QPNs 0, 1 and 0xffffff are reserved.
-  for (int s = 1; s < kSlots - 1; ++s) {
-    int32_t cur = table[s].pid.load();
-    if (cur == self) {  // left over from an earlier process with our pid: take it over
-      g_slot = s;
-      table[s].flags.store(0);
-      break;
-    }
-    if (cur > 0 && alive(cur)) continue;
-    if (table[s].pid.compare_exchange_strong(cur, self)) {
-      g_slot = s;
-      table[s].flags.store(0);
-      break;
+  // Slot 0 and the last slot are never used: QPNs 0, 1 and 0xffffff are reserved. A dead
+  // process's slot whose TGT QPs other processes held (or that it had adopted) is left to
+  // those holders, one of which takes it over (verbs/xrc.cpp), unless no other is free.
+  for (int pass = 0; pass < 2 && g_slot.load() == 0; ++pass) {
+    for (int s = 1; s < kSlots - 1; ++s) {
+      int32_t cur = table[s].pid.load();
+      if (cur == self) {  // left over from an earlier process with our pid: take it over
+        g_slot = s;
+        table[s].flags.store(0);
+        break;
+      }
+      if (cur > 0 && alive(cur)) continue;
+      if (pass == 0 && cur > 0 && (table[s].flags.load() & (kSlotSharedTgt | kSlotAdopted))) continue;
+      if (table[s].pid.compare_exchange_strong(cur, self)) {
+        g_slot = s;
+        table[s].flags.store(0);
+        break;
+      }
     }
   }
   // Other entries with our pid are a dead process's that had it (an adopter holds two):

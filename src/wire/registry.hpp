@@ -42,6 +42,9 @@ inline constexpr uint32_t kSlotHasGsi = 1;  // runs a QP1 agent (an rdma_cm MAD 
 inline constexpr uint32_t kSlotAdopted = 2;
 // ... taken after its process was killed: its TGT QPs were rebuilt in ERR, not handed over.
 inline constexpr uint32_t kSlotAdoptedAfterDeath = 4;
+// Another process holds a handle on a TGT QP of the slot's process: a newcomer leaves the
+// slot, once its process is dead, to the holders (verbs/xrc.cpp) while others are free.
+inline constexpr uint32_t kSlotSharedTgt = 8;
 inline constexpr int kSlotHostShift = 16;
 void set_my_slot_flag(uint32_t flag, bool on);
 // The lowest slot other than `except` whose live owner has `flag` set, or -1.
