@@ -629,7 +629,19 @@ struct Adoption {
 std::mutex g_adopted_mu;
 std::map<int, Adoption>& g_adopted = *new std::map<int, Adoption>;
 
-bool pid_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+// Alive and not a zombie (kill(2) finds a zombie alive; it can adopt nothing).
+bool pid_alive(pid_t pid) {
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+  char path[64], buf[256];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (!f) return true;  // no /proc: kill's answer
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the state follows the command's name
+  return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
 
 // A TGT QP this process runs (created here, or adopted and committed), not handed over yet.
 bool runs_here(Qp* t) {
