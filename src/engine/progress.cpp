@@ -253,11 +253,11 @@ void peer_died(pid_t pid) {
       if (qp->peer_pid != pid) return;
       // An XRC INI QP's TGT QP was handed over as its process ended (verbs/xrc.cpp): the
       // process that adopted the slot runs it now, so the connection lives on.
+      // (Followed even if it died since: its death brings us back here for it.)
       if (qp->type == IBV_QPT_XRC_SEND) {
-        const int slot = wire::slot_of_qpn(qp->attr.dest_qp_num);
-        const pid_t host = wire::slot_owner(slot);
-        if (wire::host_slot(slot) != slot && !wire::adopted_after_death(slot) && host > 0 &&
-            host != pid) {
+        bool after_death;
+        const pid_t host = wire::adopter_of(wire::slot_of_qpn(qp->attr.dest_qp_num), &after_death);
+        if (host > 0 && host != pid && !after_death) {
           qp->peer_pid = host;
           hosts.push_back(host);
           return;

@@ -58,17 +58,23 @@ struct DomainFile {
   Holder holders[kMaxHolders];
 };
 
-uint64_t start_time_of(pid_t pid) {
+// /proc/PID/stat read into buf: what follows the command name's closing parenthesis (the
+// name may hold spaces and parentheses), " S ppid ..." from field 3 on; nullptr without it.
+const char* proc_stat_after_name(pid_t pid, char (&buf)[1024]) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
   FILE* f = std::fopen(path, "re");
-  if (!f) return 0;
-  char buf[1024];
+  if (!f) return nullptr;
   size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
   std::fclose(f);
   buf[n] = 0;
-  // Field 22, counted after the command name's closing parenthesis (it may hold spaces).
-  const char* p = std::strrchr(buf, ')');
+  return std::strrchr(buf, ')');
+}
+
+uint64_t start_time_of(pid_t pid) {
+  char buf[1024];
+  // Field 22, counted after the command name.
+  const char* p = proc_stat_after_name(pid, buf);
   if (!p) return 0;
   unsigned long long v = 0;
   int field = 2;
@@ -632,14 +638,8 @@ std::map<int, Adoption>& g_adopted = *new std::map<int, Adoption>;
 // Alive and not a zombie (kill(2) finds a zombie alive; it can adopt nothing).
 bool pid_alive(pid_t pid) {
   if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return false;
-  char path[64], buf[256];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "re");
-  if (!f) return true;  // no /proc: kill's answer
-  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  const char* p = std::strrchr(buf, ')');  // the state follows the command's name
+  char buf[1024];
+  const char* p = proc_stat_after_name(pid, buf);  // no /proc: kill's answer
   return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
@@ -680,6 +680,15 @@ int replay_state(Qp* t, const ibv_qp_attr& a) {
   return modify_qp(t, &step, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN);
 }
 
+// Takes a hosted TGT QP's count to 0 so that we destroy it: false when it was 0 already
+// (whoever takes it to 0 destroys it: a holder's death may race us).
+bool claim_all_handles(Qp* t) {
+  std::lock_guard<std::mutex> lock(t->xrc_mu);
+  if (t->xrc_handles <= 0) return false;
+  t->xrc_handles = 0;
+  return true;
+}
+
 // Destroys the TGT QPs of `slot` we adopted from `from` and never got committed.
 void drop_uncommitted(int slot, pid_t from) {
   {
@@ -697,22 +706,19 @@ void drop_uncommitted(int slot, pid_t from) {
     wire::QpRef ref = wire::find_local(qpn);
     Qp* t = ref.get();
     if (!t) continue;
-    {
-      // Whoever takes the count to 0 destroys it (a holder's death may race us).
-      std::lock_guard<std::mutex> lock(t->xrc_mu);
-      if (t->xrc_handles <= 0) continue;
-      t->xrc_handles = 0;
-    }
+    if (!claim_all_handles(t)) continue;
     ref.reset();
     destroy_qp_now(t);
   }
 }
 
-// A TGT QP of another process's slot, here under its number `qpn`, in RESET, held by
+// A TGT QP of another process's slot, here under its number `qpn`, in RESET (`in_err`: in
+// ERR), held by
 // `holders` (one entry per handle), in the context `ctx` of one of our handles; counted in
 // g_adopted (its `from` and `committed` are the caller's).
 int build_hosted_tgt(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uint32_t qpn,
-                     const std::vector<std::pair<pid_t, int>>& holders, Qp** out) {
+                     const std::vector<std::pair<pid_t, int>>& holders, Qp** out,
+                     bool in_err = false) {
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
     if (!g_adopted.count(wire::slot_of_qpn(qpn))) return ENOENT;  // the caller's to make
@@ -746,6 +752,11 @@ int build_hosted_tgt(Context* ctx, const std::shared_ptr<XrcDomain>& domain, uin
   }
   for (const auto& h : holders)
     if (h.first != wire::self_pid()) engine::watch_pid(h.first, process_died);
+  if (in_err) {  // after a kill: the connection state went with the process
+    ibv_qp_attr err{};
+    err.qp_state = IBV_QPS_ERR;
+    modify_qp(t, &err, IBV_QP_STATE);
+  }
   *out = t;
   return 0;
 }
@@ -782,10 +793,7 @@ bool rebuild_after_death(int slot, pid_t dead) {
     const std::vector<std::pair<pid_t, int>> holders(static_cast<size_t>(o.second),
                                                      {wire::self_pid(), wire::my_slot()});
     Qp* t = nullptr;
-    if (build_hosted_tgt(o.first->ctx, o.first->xrc_domain, qpn, holders, &t) != 0) continue;
-    ibv_qp_attr err{};
-    err.qp_state = IBV_QPS_ERR;
-    modify_qp(t, &err, IBV_QP_STATE);
+    if (build_hosted_tgt(o.first->ctx, o.first->xrc_domain, qpn, holders, &t, true) != 0) continue;
     built.push_back(t);
   }
   if (!built.empty() && wire::serve_adopted_slot(slot)) {
@@ -797,11 +805,8 @@ bool rebuild_after_death(int slot, pid_t dead) {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
     g_adopted[slot].committed = false;  // the slot was never served: nothing to stop
   }
-  for (Qp* t : built) {
-    std::lock_guard<std::mutex> lock(t->xrc_mu);
-    t->xrc_handles = 0;
-  }
-  for (Qp* t : built) destroy_qp_now(t);
+  for (Qp* t : built)
+    if (claim_all_handles(t)) destroy_qp_now(t);
   {
     std::lock_guard<std::mutex> lock(g_adopted_mu);
     auto it = g_adopted.find(slot);
@@ -844,11 +849,7 @@ int rejoin(uint32_t qpn, uint64_t dev, uint64_t ino, pid_t pid, int slot, int ha
       }
     if (!ctx) return ENOENT;
     Qp* t = nullptr;
-    if (int err = build_hosted_tgt(ctx, domain, qpn, mine, &t)) return err;
-    ibv_qp_attr err{};
-    err.qp_state = IBV_QPS_ERR;
-    modify_qp(t, &err, IBV_QP_STATE);
-    return 0;
+    return build_hosted_tgt(ctx, domain, qpn, mine, &t, true);
   }
   Qp* t = ref.get();
   if (t->type != IBV_QPT_XRC_RECV || t->xrc_opened_from || t->xrc_remote_slot || !same_domain(t->xrc_domain))

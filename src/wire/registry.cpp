@@ -145,9 +145,10 @@ int slot_of_pid_with(pid_t pid, uint32_t flag) {
   return -1;
 }
 
-int host_slot(int slot) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  Entry* table = map_table();
+namespace {
+
+// host_slot's answer, under g_mu.
+int host_slot_locked(Entry* table, int slot) {
   if (!table || slot <= 0 || slot >= kSlots) return slot;
   const uint32_t flags = table[slot].flags.load();
   const int host = static_cast<int>(flags >> kSlotHostShift);
@@ -155,6 +156,13 @@ int host_slot(int slot) {
   // Only while the adopter holds both entries: either may have changed hands since.
   const int32_t pid = table[slot].pid.load();
   return alive(pid) && table[host].pid.load() == pid ? host : slot;
+}
+
+}  // namespace
+
+int host_slot(int slot) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return host_slot_locked(map_table(), slot);
 }
 
 namespace {
@@ -193,10 +201,9 @@ bool take_dead_slot(int slot, pid_t dead) {
 }
 
 bool adopted_after_death(int slot) {
-  if (host_slot(slot) == slot) return false;
   std::lock_guard<std::mutex> lock(g_mu);
   Entry* table = map_table();
-  return table && (table[slot].flags.load() & kSlotAdoptedAfterDeath);
+  return host_slot_locked(table, slot) != slot && (table[slot].flags.load() & kSlotAdoptedAfterDeath);
 }
 
 pid_t adopter_of(int slot, bool* after_death) {
@@ -223,8 +230,10 @@ bool hosted_by_me(int slot) {
 
 std::vector<std::pair<int, int>> adopted_slots() {
   std::vector<std::pair<int, int>> out;
+  std::lock_guard<std::mutex> lock(g_mu);  // once for the whole table (a probe round asks)
+  Entry* table = map_table();
   for (int s = 1; s < kSlots - 1; ++s) {
-    const int host = host_slot(s);
+    const int host = host_slot_locked(table, s);
     if (host != s) out.push_back({s, host});
   }
   return out;
